@@ -1,0 +1,35 @@
+"""The attention zoo: a functional core (pure math on [B, heads, N, d]) and thin modules around it."""
+
+from .base import AttentionBase
+from .functional import (
+    efficient_attention,
+    focused_feature_map,
+    focused_linear_attention,
+    kernel_attention,
+    linear_attention,
+    softmax_attention,
+    taylor_attention,
+)
+from .registry import (
+    ATTENTION_REGISTRY,
+    attention_class,
+    attention_options,
+    available_attention,
+    build_attention,
+)
+
+__all__ = [
+    "ATTENTION_REGISTRY",
+    "AttentionBase",
+    "attention_class",
+    "attention_options",
+    "available_attention",
+    "build_attention",
+    "efficient_attention",
+    "focused_feature_map",
+    "focused_linear_attention",
+    "kernel_attention",
+    "linear_attention",
+    "softmax_attention",
+    "taylor_attention",
+]

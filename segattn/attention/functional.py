@@ -1,0 +1,133 @@
+"""Pure attention math: every function maps q, k, v of shape [B, heads, N, d] to [B, heads, N, d].
+
+The linear variants never build an N×N tensor: they contract keys with values first ([d, d] per head)
+and then apply the queries. Feature maps, the kᵀv product and the normaliser run in fp32 even under
+bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the dtype of ``v``.
+Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "efficient_attention",
+    "focused_feature_map",
+    "focused_linear_attention",
+    "linear_attention",
+    "softmax_attention",
+    "taylor_attention",
+]
+
+EFFICIENT_NORMALIZATIONS = ("softmax", "scale")
+LINEAR_FEATURE_MAPS = ("elu", "relu")
+
+
+def _upcast(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def full_precision(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Run ``fn(q, k, v, ...)`` with autocast off and half inputs upcast; return in ``v``'s dtype."""
+
+    @functools.wraps(fn)
+    def wrapper(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> Tensor:
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type=device_type, enabled=False):
+                out = fn(_upcast(q), _upcast(k), _upcast(v), *args, **kwargs)
+        else:
+            out = fn(_upcast(q), _upcast(k), _upcast(v), *args, **kwargs)
+        return out.to(v.dtype)
+
+    return wrapper
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """softmax(q kᵀ / √d) v through PyTorch SDPA: the quadratic baseline (fused kernels where available)."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+
+@full_precision
+def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "softmax") -> Tensor:
+    """Efficient Attention (Shen et al. 2018): ρq(q) · (ρk(k)ᵀ v).
+
+    ``softmax``: ρq = softmax of each query over its d channels, ρk = softmax of each key channel over
+    the N positions (no 1/√d). ``scale``: ρq = q/√N, ρk = k/√N, which equals (q kᵀ / N) v exactly.
+    """
+    if normalization == "softmax":
+        q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+    elif normalization == "scale":
+        n = k.shape[-2]
+        q, k = q * n**-0.5, k * n**-0.5
+    else:
+        raise ValueError(
+            f"efficient_attention: normalization={normalization!r}; expected one of {EFFICIENT_NORMALIZATIONS}"
+        )
+    context = k.transpose(-2, -1) @ v  # [B, h, d, d]
+    return q @ context
+
+
+def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
+    """out_i = φq_iᵀ (Σ_j φk_j v_jᵀ) / (φq_iᵀ Σ_j φk_j + eps), for non-negative features φq, φk."""
+    context = phi_k.transpose(-2, -1) @ v  # [B, h, d, d]
+    normalizer = phi_q @ phi_k.sum(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
+    return (phi_q @ context) / (normalizer + eps)
+
+
+@full_precision
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6
+) -> Tensor:
+    """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ."""
+    if feature_map == "elu":
+        phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
+    elif feature_map == "relu":
+        phi_q, phi_k = F.relu(q), F.relu(k)
+    else:
+        raise ValueError(f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}")
+    return kernel_attention(phi_q, phi_k, v, eps)
+
+
+@full_precision
+def taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
+    """Taylor linear attention (Li et al. 2020): sim(q, k) = 1 + q̂ᵀk̂ with q̂, k̂ L2-normalised per head.
+
+    out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
+    """
+    n = k.shape[-2]
+    q_hat, k_hat = F.normalize(q, dim=-1, eps=eps), F.normalize(k, dim=-1, eps=eps)
+    numerator = v.sum(dim=-2, keepdim=True) + q_hat @ (k_hat.transpose(-2, -1) @ v)
+    denominator = n + q_hat @ k_hat.sum(dim=-2, keepdim=True).transpose(-2, -1) + eps
+    return numerator / denominator
+
+
+def focused_feature_map(x: Tensor, p: float = 3.0) -> Tensor:
+    """FLatten's focusing function f_p(x) = ‖x‖ · x^p / ‖x^p‖ over the last (channel) dim of [B, N, C].
+
+    Expects x > 0 (FLatten applies relu + 1e-6 first); keeps each token's norm and sharpens its direction.
+    Computed in fp32 under autocast; returns the input dtype.
+    """
+    dtype = x.dtype
+    x = _upcast(x)
+    x_pow = x**p
+    out = x_pow * (x.norm(dim=-1, keepdim=True) / x_pow.norm(dim=-1, keepdim=True))
+    return out.to(dtype)
+
+
+@full_precision
+def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
+    """FLatten's kernel product with φ = identity: out_i = q_iᵀ(kᵀv / N) / (q_iᵀ mean_j k_j + eps).
+
+    kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
+    overflow at large N. q, k must already be non-negative (focused features).
+    """
+    n = k.shape[-2]
+    context = (k.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5)  # [B, h, d, d]
+    normalizer = q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
+    return (q @ context) / (normalizer + eps)

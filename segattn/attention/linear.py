@@ -1,0 +1,33 @@
+"""Kernel linear attention (Katharopoulos et al. 2020, arXiv 2006.16236)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .base import HW, AttentionBase
+from .functional import LINEAR_FEATURE_MAPS, linear_attention
+
+
+class LinearAttention(AttentionBase):
+    """φ(Q)(φ(K)ᵀV) / (φ(Q)Σφ(K) + eps) with φ = elu + 1 (default) or relu."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        feature_map: str = "elu",
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, proj_drop)
+        if feature_map not in LINEAR_FEATURE_MAPS:
+            raise ValueError(f"LinearAttention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}")
+        self.feature_map = feature_map
+        self.eps = eps
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
+        return linear_attention(q, k, v, self.feature_map, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, feature_map={self.feature_map}"
