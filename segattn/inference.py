@@ -1,0 +1,122 @@
+"""Whole-image and sliding-window inference with optional multi-scale and flip test-time augmentation.
+
+Slide mode keeps memory bounded for any image size: the model never sees more than ``crop_batch_size``
+crops at once; the full-size logits and a per-pixel count map are the only image-sized tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .tiling import default_stride, scaled_size, slide_windows
+
+MODES = ("whole", "slide")
+
+
+def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2:
+        raise ValueError(f"infer: {name}={value!r}; expected an int or (height, width)")
+    return int(pair[0]), int(pair[1])
+
+
+def _check_logits(logits: Tensor, images: Tensor, num_classes: int) -> Tensor:
+    expected = (images.shape[0], num_classes, *images.shape[-2:])
+    if tuple(logits.shape) != expected:
+        raise ValueError(
+            f"infer: model returned logits of shape {list(logits.shape)} for input {list(images.shape)}; "
+            f"expected {list(expected)} (num_classes={num_classes}, logits at input resolution)"
+        )
+    return logits
+
+
+def infer_whole(model: Callable[[Tensor], Tensor], images: Tensor, num_classes: int) -> Tensor:
+    """One forward pass over the full images."""
+    return _check_logits(model(images), images, num_classes)
+
+
+def infer_slide(
+    model: Callable[[Tensor], Tensor],
+    images: Tensor,
+    num_classes: int,
+    crop_size: tuple[int, int],
+    stride: tuple[int, int],
+    crop_batch_size: int = 4,
+) -> Tensor:
+    """Overlapping crops batched ``crop_batch_size`` at a time; overlaps averaged with a count map."""
+    if crop_batch_size < 1:
+        raise ValueError(f"infer: crop_batch_size={crop_batch_size}; expected >= 1")
+    batch, _, height, width = images.shape
+    windows = slide_windows(height, width, crop_size, stride)
+    jobs = [(index, window) for index in range(batch) for window in windows]
+    logits = images.new_zeros((batch, num_classes, height, width), dtype=torch.float32)
+    count = images.new_zeros((1, 1, height, width), dtype=torch.float32)
+    for top, bottom, left, right in windows:
+        count[..., top:bottom, left:right] += 1
+    for start in range(0, len(jobs), crop_batch_size):
+        chunk = jobs[start : start + crop_batch_size]
+        crops = torch.stack([images[i, :, top:bottom, left:right] for i, (top, bottom, left, right) in chunk])
+        out = _check_logits(model(crops), crops, num_classes).float()
+        for crop_logits, (i, (top, bottom, left, right)) in zip(out, chunk, strict=True):
+            logits[i, :, top:bottom, left:right] += crop_logits
+    return logits / count
+
+
+@torch.no_grad()
+def infer(
+    model: Callable[[Tensor], Tensor],
+    images: Tensor,
+    num_classes: int,
+    mode: str = "whole",
+    crop_size: int | tuple[int, int] | None = None,
+    stride: int | tuple[int, int] | None = None,
+    crop_batch_size: int = 4,
+    scales: Sequence[float] = (1.0,),
+    flip: bool = False,
+) -> Tensor:
+    """Logits [B, K, H, W] at the size of ``images`` [B, 3, H, W]; runs without autograd.
+
+    ``slide`` needs ``crop_size`` (stride defaults to half the crop). With several ``scales`` or ``flip``,
+    each view's logits are resized (bilinear) back to H × W, un-flipped, and averaged.
+    """
+    if mode not in MODES:
+        raise ValueError(f"infer: mode={mode!r}; expected one of {MODES}")
+    if images.dim() != 4:
+        raise ValueError(f"infer: images of shape {list(images.shape)}; expected [B, 3, H, W]")
+    if not scales:
+        raise ValueError("infer: scales is empty; expected at least one scale, e.g. (1.0,)")
+    if mode == "slide":
+        if crop_size is None:
+            raise ValueError("infer: mode='slide' needs crop_size (int or (height, width))")
+        crop = _pair(crop_size, "crop_size")
+        step = default_stride(crop) if stride is None else _pair(stride, "stride")
+
+        def run(x: Tensor) -> Tensor:
+            return infer_slide(model, x, num_classes, crop, step, crop_batch_size)
+
+    else:
+
+        def run(x: Tensor) -> Tensor:
+            return infer_whole(model, x, num_classes)
+
+    height, width = images.shape[-2:]
+    if tuple(scales) == (1.0,) and not flip:
+        return run(images)
+    total = images.new_zeros((images.shape[0], num_classes, height, width), dtype=torch.float32)
+    for scale in scales:
+        size = scaled_size(height, width, scale)
+        scaled = images if size == (height, width) else F.interpolate(images, size, mode="bilinear")
+        views = [run(scaled).float()]
+        if flip:
+            views.append(run(scaled.flip(-1)).float().flip(-1))
+        for view in views:
+            same_size = size == (height, width)
+            total += view if same_size else F.interpolate(view, (height, width), mode="bilinear")
+    return total / (len(scales) * (2 if flip else 1))
+
+
+__all__ = ["MODES", "infer", "infer_slide", "infer_whole"]

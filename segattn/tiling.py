@@ -1,0 +1,48 @@
+"""Sliding-window geometry shared by the PyTorch and the numpy (onnxruntime) inference paths.
+
+Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without importing torch.
+"""
+
+from __future__ import annotations
+
+Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
+
+
+def window_starts(size: int, crop: int, stride: int) -> list[int]:
+    """Start offsets along one axis: every ``stride`` pixels, the last window snapped to the border.
+
+    A crop larger than the image gives one window covering the whole axis.
+    """
+    if crop < 1 or stride < 1 or stride > crop:
+        raise ValueError(f"slide inference: crop={crop}, stride={stride}; expected 1 <= stride <= crop")
+    if size <= crop:
+        return [0]
+    starts = list(range(0, size - crop, stride))
+    starts.append(size - crop)
+    return starts
+
+
+def slide_windows(height: int, width: int, crop: tuple[int, int], stride: tuple[int, int]) -> list[Window]:
+    """All windows (top, bottom, left, right) that tile an image of ``height`` × ``width``, row-major.
+
+    Every window has the same size: ``crop`` clipped to the image.
+    """
+    tops = window_starts(height, crop[0], stride[0])
+    lefts = window_starts(width, crop[1], stride[1])
+    crop_h, crop_w = min(crop[0], height), min(crop[1], width)
+    return [(top, top + crop_h, left, left + crop_w) for top in tops for left in lefts]
+
+
+def default_stride(crop: tuple[int, int]) -> tuple[int, int]:
+    """Half-window overlap when no stride is given: inner pixels are seen by two windows per axis."""
+    return (max(1, crop[0] // 2), max(1, crop[1] // 2))
+
+
+def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
+    """Image size at a TTA scale, rounded, at least one pixel."""
+    if scale <= 0:
+        raise ValueError(f"test-time scale {scale}; expected a positive number")
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+__all__ = ["Window", "default_stride", "scaled_size", "slide_windows", "window_starts"]
