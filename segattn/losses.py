@@ -1,0 +1,133 @@
+"""Segmentation losses on logits [B, K, H, W] and labels [B, H, W] (ignore_index pixels never count).
+
+Cross entropy (class weights, label smoothing, optional OHEM), soft Dice and Lovász-softmax, combined
+by ``SegLoss`` as a weighted sum. Every loss is 0 (not NaN) on a batch without a valid pixel, so a
+random crop that lands entirely on ignore pixels cannot poison training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int = 255,
+    weight: Tensor | None = None,
+    label_smoothing: float = 0.0,
+    ohem_thresh: float | None = None,
+    ohem_min_kept: int = 100_000,
+) -> Tensor:
+    """Weighted mean pixel cross entropy; with ``ohem_thresh`` only hard pixels count (OHEM).
+
+    OHEM keeps the pixels whose probability of the true class is at most max(ohem_thresh, p_k), where
+    p_k is the ``ohem_min_kept``-th smallest such probability, so at least min_kept pixels remain.
+    """
+    losses = F.cross_entropy(
+        logits, target, weight, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+    )
+    keep = target != ignore_index
+    if ohem_thresh is not None and keep.any():
+        with torch.no_grad():
+            safe_target = target.masked_fill(~keep, 0).unsqueeze(1)
+            prob = logits.softmax(dim=1).gather(1, safe_target).squeeze(1)
+            valid_prob = prob[keep]
+            k = min(ohem_min_kept, valid_prob.numel())
+            kth = valid_prob.kthvalue(k).values if k > 0 else valid_prob.new_tensor(0.0)
+            keep &= prob <= torch.clamp(kth, min=ohem_thresh)
+    pixel_weight = keep.float() if weight is None else weight[target.masked_fill(~keep, 0)] * keep
+    return (losses * keep).sum() / pixel_weight.sum().clamp_min(1e-12)
+
+
+def dice_loss(logits: Tensor, target: Tensor, ignore_index: int = 255, smooth: float = 1.0) -> Tensor:
+    """1 - mean over classes of the soft Dice coefficient (2|P∩T| + s) / (|P| + |T| + s) on valid pixels."""
+    num_classes = logits.shape[1]
+    valid = (target != ignore_index).unsqueeze(1)  # [B, 1, H, W]
+    prob = logits.float().softmax(dim=1) * valid
+    one_hot = F.one_hot(target.masked_fill(~valid.squeeze(1), 0), num_classes).permute(0, 3, 1, 2) * valid
+    dims = (0, 2, 3)
+    intersection = (prob * one_hot).sum(dims)
+    dice = (2 * intersection + smooth) / (prob.sum(dims) + one_hot.sum(dims) + smooth)
+    return 1 - dice.mean()
+
+
+def lovasz_grad(gt_sorted: Tensor) -> Tensor:
+    """Gradient of the Lovász extension of the Jaccard loss at errors sorted in decreasing order."""
+    gts = gt_sorted.sum()
+    intersection = gts - gt_sorted.cumsum(0)
+    union = gts + (1 - gt_sorted).cumsum(0)
+    jaccard = 1 - intersection / union
+    return torch.cat([jaccard[:1], jaccard[1:] - jaccard[:-1]])
+
+
+def lovasz_softmax(logits: Tensor, target: Tensor, ignore_index: int = 255) -> Tensor:
+    """Lovász-softmax (Berman et al. 2018, arXiv 1705.08790): a convex surrogate of 1 - IoU, averaged
+    over the classes present in the valid labels of the batch."""
+    num_classes = logits.shape[1]
+    prob = logits.float().softmax(dim=1).permute(0, 2, 3, 1).reshape(-1, num_classes)  # [P, K]
+    labels = target.reshape(-1)
+    valid = labels != ignore_index
+    prob, labels = prob[valid], labels[valid]
+    present = labels.unique().tolist()
+    losses = [torch.dot(*_sorted_errors_and_grad(prob[:, c], (labels == c).float())) for c in present]
+    return torch.stack(losses).mean() if losses else logits.sum() * 0
+
+
+def _sorted_errors_and_grad(prob: Tensor, foreground: Tensor) -> tuple[Tensor, Tensor]:
+    errors = (foreground - prob).abs()
+    errors_sorted, order = errors.sort(descending=True)
+    return errors_sorted, lovasz_grad(foreground[order])
+
+
+class SegLoss(nn.Module):
+    """``ce * CE + dice * Dice + lovasz * Lovász``; terms with weight 0 are not computed."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        ce: float = 1.0,
+        dice: float = 0.0,
+        lovasz: float = 0.0,
+        class_weights: Sequence[float] | None = None,
+        label_smoothing: float = 0.0,
+        ohem_thresh: float | None = None,
+        ohem_min_kept: int = 100_000,
+        ignore_index: int = 255,
+    ) -> None:
+        super().__init__()
+        if min(ce, dice, lovasz) < 0 or ce + dice + lovasz == 0:
+            raise ValueError(f"loss weights ce={ce}, dice={dice}, lovasz={lovasz} must be >= 0 and not all 0")
+        self.ce, self.dice, self.lovasz = ce, dice, lovasz
+        self.label_smoothing = label_smoothing
+        self.ohem_thresh = ohem_thresh
+        self.ohem_min_kept = ohem_min_kept
+        self.ignore_index = ignore_index
+        if class_weights is not None and len(class_weights) != num_classes:
+            raise ValueError(
+                f"loss.class_weights has {len(class_weights)} entries; expected one per class ({num_classes})"
+            )
+        weight = None if class_weights is None else torch.tensor(list(class_weights), dtype=torch.float)
+        self.register_buffer("class_weights", weight, persistent=False)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        total = logits.new_zeros((), dtype=torch.float)
+        if self.ce:
+            total = total + self.ce * cross_entropy(
+                logits.float(),
+                target,
+                self.ignore_index,
+                self.class_weights,
+                self.label_smoothing,
+                self.ohem_thresh,
+                self.ohem_min_kept,
+            )
+        if self.dice:
+            total = total + self.dice * dice_loss(logits, target, self.ignore_index)
+        if self.lovasz:
+            total = total + self.lovasz * lovasz_softmax(logits, target, self.ignore_index)
+        return total

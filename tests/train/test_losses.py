@@ -1,0 +1,88 @@
+"""Losses against their definitions written out by hand on tiny planted examples."""
+
+import math
+
+import pytest
+import torch
+
+from segattn.losses import SegLoss, cross_entropy, dice_loss, lovasz_softmax
+
+IGN = 255
+
+
+def one_hot_logits(pred: list[list[int]], num_classes: int, scale: float = 50.0) -> torch.Tensor:
+    """Logits whose softmax is (numerically) the one-hot of ``pred``: hard predictions."""
+    onehot = torch.nn.functional.one_hot(torch.tensor([pred]), num_classes).permute(0, 3, 1, 2)
+    return scale * onehot.float()
+
+
+def test_cross_entropy_ignores_pixels_and_weights_classes():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3, 2, 2)
+    target = torch.tensor([[[0, 2], [IGN, 1]]])
+    weight = torch.tensor([1.0, 2.0, 3.0])
+    nll = {}
+    for (i, j), c in [((0, 0), 0), ((0, 1), 2), ((1, 1), 1)]:
+        z = logits[0, :, i, j]
+        nll[(i, j)] = (math.log(z.exp().sum().item()) - z[c].item(), weight[c].item())
+    plain = sum(v for v, _ in nll.values()) / 3
+    weighted = sum(v * w for v, w in nll.values()) / sum(w for _, w in nll.values())
+    assert cross_entropy(logits, target, IGN).item() == pytest.approx(plain, rel=1e-5)
+    assert cross_entropy(logits, target, IGN, weight=weight).item() == pytest.approx(weighted, rel=1e-5)
+
+
+def test_ohem_keeps_min_kept_hardest_pixels():
+    # true-class probabilities differ per pixel; with thresh 0 only the 2 least confident pixels count.
+    logits = torch.zeros(1, 2, 1, 4)
+    logits[0, 0, 0] = torch.tensor([3.0, 1.0, -1.0, -2.0])  # class 0 logit; class 1 logit is 0
+    target = torch.zeros(1, 1, 4, dtype=torch.long)
+    per_pixel = [math.log(1 + math.exp(-v)) for v in (3.0, 1.0, -1.0, -2.0)]  # -log sigmoid(v)
+    hardest_two = (per_pixel[2] + per_pixel[3]) / 2
+    got = cross_entropy(logits, target, IGN, ohem_thresh=0.0, ohem_min_kept=2)
+    assert got.item() == pytest.approx(hardest_two, rel=1e-5)
+    # thresh 1.0: every pixel is "hard", OHEM equals plain CE
+    assert cross_entropy(logits, target, IGN, ohem_thresh=1.0, ohem_min_kept=1).item() == pytest.approx(
+        sum(per_pixel) / 4, rel=1e-5
+    )
+
+
+# Hard predictions on a 2x3 image with an ignore pixel; classes 0..2 (class 2 absent from labels).
+PRED = [[0, 0, 1], [1, 2, 0]]
+TARGET = torch.tensor([[[0, 1, 1], [1, 1, IGN]]])
+# valid pixels: (0,0) t0 p0, (0,1) t1 p0, (0,2) t1 p1, (1,0) t1 p1, (1,1) t1 p2
+# class 0: I=1, |P|=2, |T|=1, U=2 ; class 1: I=2, |P|=2, |T|=4, U=4 ; class 2: I=0, |P|=1, |T|=0
+
+
+def test_lovasz_softmax_equals_jaccard_loss_on_hard_predictions():
+    # On one-hot probabilities the Lovász extension equals 1 - IoU per present class (here 0 and 1).
+    expected = ((1 - 1 / 2) + (1 - 2 / 4)) / 2
+    assert lovasz_softmax(one_hot_logits(PRED, 3), TARGET, IGN).item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_dice_on_hard_predictions():
+    dice = [(2 * 1 + 1) / (2 + 1 + 1), (2 * 2 + 1) / (2 + 4 + 1), (0 + 1) / (1 + 0 + 1)]
+    expected = 1 - sum(dice) / 3
+    assert dice_loss(one_hot_logits(PRED, 3), TARGET, IGN).item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_segloss_is_weighted_sum_and_zero_without_valid_pixels():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 4, 5, requires_grad=True)
+    target = torch.randint(0, 3, (2, 4, 5))
+    loss = SegLoss(num_classes=3, ce=1.0, dice=0.5, lovasz=0.25)
+    expected = cross_entropy(logits, target) + 0.5 * dice_loss(logits, target)
+    expected = expected + 0.25 * lovasz_softmax(logits, target)
+    assert loss(logits, target).item() == pytest.approx(expected.item(), rel=1e-6)
+
+    all_ignored = torch.full_like(target, IGN)
+    value = SegLoss(num_classes=3, dice=1.0, lovasz=1.0, ohem_thresh=0.7)(logits, all_ignored)
+    value.backward()
+    assert value.item() == 0.0
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_segloss_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="class_weights has 2 entries"):
+        SegLoss(num_classes=3, class_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="not all 0"):
+        SegLoss(num_classes=3, ce=0.0)
