@@ -1,0 +1,146 @@
+"""Files around a model, without torch: images in, masks and overlays out, palettes, sidecar metadata.
+
+The ONNX predict path runs on numpy, Pillow and onnxruntime only, so nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+CLASSES_FILE = "classes.json"
+
+
+def default_palette(num_classes: int) -> list[tuple[int, int, int]]:
+    """Distinct colours for class indices: the bit-interleaved palette of PASCAL VOC (0 is black)."""
+    palette = []
+    for index in range(num_classes):
+        red = green = blue = 0
+        code = index
+        for shift in range(7, -1, -1):
+            red |= (code & 1) << shift
+            green |= ((code >> 1) & 1) << shift
+            blue |= ((code >> 2) & 1) << shift
+            code >>= 3
+        palette.append((red, green, blue))
+    return palette
+
+
+def find_images(pattern: str) -> list[Path]:
+    """An image file, every image in a directory (sorted, not recursive), or the files a glob matches."""
+    path = Path(pattern)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not files:
+        suffixes = ", ".join(IMAGE_SUFFIXES)
+        raise FileNotFoundError(f"input={pattern!r} matches no image file (looked for {suffixes})")
+    return files
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    """The image as uint8 [H, W, 3]; grayscale, palette and RGBA images are converted to RGB.
+
+    Raises ValueError naming the file when Pillow cannot decode it (corrupt, truncated, not an image).
+    """
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise ValueError(f"cannot read image {path}: {error}") from None
+
+
+def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
+    """uint8 [H, W, 3] -> float32 [1, 3, H, W]: (pixel / 255 - mean) / std, mean and std in [0, 1] units."""
+    x = rgb.astype(np.float32) / 255.0
+    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def save_mask(mask: np.ndarray, path: Path) -> None:
+    """An index mask [H, W] as a PNG: 8-bit grayscale for up to 256 classes, 16-bit otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint8 if mask.max(initial=0) < 256 else np.uint16
+    Image.fromarray(mask.astype(dtype)).save(path)
+
+
+def overlay(
+    rgb: np.ndarray, mask: np.ndarray, palette: list[tuple[int, int, int]], alpha: float = 0.5
+) -> np.ndarray:
+    """The image blended with the palette colour of each pixel's class; uint8 [H, W, 3]."""
+    colours = np.asarray(palette, dtype=np.float32)[mask]
+    return (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
+
+
+def write_classes(directory: Path, classes: list[str], palette: list[tuple[int, int, int]]) -> None:
+    """``classes.json``: class names and their RGB palette, one entry per class index."""
+    payload = {"classes": list(classes), "palette": [list(map(int, colour)) for colour in palette]}
+    (directory / CLASSES_FILE).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def read_classes(directory: Path) -> dict[str, Any]:
+    """Read and check ``classes.json``; names the file and the problem when it is malformed."""
+    path = directory / CLASSES_FILE
+    payload = json.loads(path.read_text())
+    classes, palette = payload.get("classes"), payload.get("palette")
+    if not isinstance(classes, list) or not isinstance(palette, list) or len(classes) != len(palette):
+        raise ValueError(
+            f"{path}: expected {{'classes': [names], 'palette': [[r, g, b], ...]}}, equal lengths"
+        )
+    return {"classes": [str(name) for name in classes], "palette": [tuple(map(int, c)) for c in palette]}
+
+
+def parse_cli(argv: list[str], defaults: dict[str, Any], command: str) -> dict[str, Any]:
+    """``key=value`` arguments over ``defaults``; values are cast to the default's type (None: kept as str).
+
+    Unknown keys and missing required values (default ``...``) are errors that list the valid keys.
+    """
+    args = dict(defaults)
+    for item in argv:
+        key, sep, value = item.partition("=")
+        if not sep or key not in defaults:
+            raise SystemExit(
+                f"{command}: unknown argument {item!r}; expected key=value, key in {list(defaults)}"
+            )
+        default = defaults[key]
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise SystemExit(f"{command}: {key}={value!r}; expected true or false")
+            args[key] = value.lower() in ("true", "1")
+        elif isinstance(default, (int, float)):
+            try:
+                args[key] = type(default)(value)
+            except ValueError:
+                raise SystemExit(f"{command}: {key}={value!r}; expected a {type(default).__name__}") from None
+        elif isinstance(default, tuple):
+            args[key] = tuple(float(v) if "." in v else int(v) for v in value.strip("()[]").split(",") if v)
+        else:
+            args[key] = value
+    missing = [key for key, value in args.items() if value is ...]
+    if missing:
+        raise SystemExit(f"{command}: missing required argument(s) {', '.join(f'{k}=...' for k in missing)}")
+    return args
+
+
+__all__ = [
+    "CLASSES_FILE",
+    "IMAGE_SUFFIXES",
+    "default_palette",
+    "find_images",
+    "normalize",
+    "overlay",
+    "parse_cli",
+    "read_classes",
+    "read_rgb",
+    "save_mask",
+    "write_classes",
+]
