@@ -73,6 +73,12 @@ def save_mask(mask: np.ndarray, path: Path) -> None:
     Image.fromarray(mask.astype(dtype)).save(path)
 
 
+def save_rgb(rgb: np.ndarray, path: Path) -> None:
+    """A uint8 [H, W, 3] image as PNG (or whatever ``path``'s suffix names)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rgb).save(path)
+
+
 def overlay(
     rgb: np.ndarray, mask: np.ndarray, palette: list[tuple[int, int, int]], alpha: float = 0.5
 ) -> np.ndarray:
@@ -142,5 +148,6 @@ __all__ = [
     "read_classes",
     "read_rgb",
     "save_mask",
+    "save_rgb",
     "write_classes",
 ]

@@ -1,0 +1,335 @@
+"""Export a trained model to ONNX, TorchScript or safetensors, and prove each export right after writing it.
+
+    python -m segattn.export checkpoint=<ckpt|exported dir> format=onnx|torchscript|safetensors out=<dir>
+
+Every export is checked against PyTorch on two input sizes (the second non-square, batch 2): the command
+prints the max abs difference and fails above ``atol``. Metadata (model config, classes, palette, mean,
+std) travels with every format: ``model.yaml`` + ``classes.json`` next to the weights, and for ONNX also
+inside ``model.onnx`` (metadata_props) so the file alone is enough for ``segattn.predict``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .attention import attention_class
+from .io import parse_cli
+from .loading import WEIGHTS_FILE, load_exported, load_model, save_exported, write_metadata
+from .onnx_infer import METADATA_KEY, ONNX_FILE
+
+FORMATS = ("onnx", "torchscript", "safetensors")
+EXPORTERS = ("auto", "dynamo", "torchscript")
+TORCHSCRIPT_FILE = "model.pt"
+
+
+class ExportError(RuntimeError):
+    """An export that failed or did not reproduce PyTorch; the message names the variant and the cause."""
+
+
+class ExportWrapper(nn.Module):
+    """Tensor in, tensor out: normalised images [B, 3, H, W] -> float32 logits [B, K, H, W]."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images).float()
+
+
+def attention_name(info: dict[str, Any]) -> str:
+    return str(info["model"].get("attention", "softmax"))
+
+
+def check_sizes(height: int, width: int) -> list[tuple[int, int, int, int]]:
+    """The export size at batch 1, then batch 2 at a second, non-square size."""
+    second = (height - height // 4, width + width // 4) if height == width else (width, height)
+    return [(1, 3, height, width), (2, 3, *second)]
+
+
+def compare(
+    reference: nn.Module, run: Any, shapes: list[tuple[int, ...]], atol: float, label: str
+) -> list[dict[str, Any]]:
+    """Max abs difference between PyTorch and an export on random inputs of each shape; raises above atol."""
+    generator = torch.Generator().manual_seed(0)
+    results = []
+    for shape in shapes:
+        images = torch.randn(shape, generator=generator)
+        with torch.inference_mode():
+            expected = reference(images)
+        try:
+            actual = torch.as_tensor(run(images))
+        except Exception as error:
+            raise ExportError(f"{label}: the export fails on input {list(shape)}: {error}") from None
+        if actual.shape != expected.shape:
+            raise ExportError(
+                f"{label}: output {list(actual.shape)} for input {list(shape)}; "
+                f"expected {list(expected.shape)}"
+            )
+        diff = (actual - expected).abs().max().item()
+        print(f"{label}: max abs diff {diff:.2e} at input {'x'.join(map(str, shape))} (tolerance {atol:.0e})")
+        if not diff <= atol:
+            raise ExportError(
+                f"{label}: max abs diff {diff:.3e} at input {list(shape)} exceeds tolerance {atol:.0e}"
+            )
+        results.append({"shape": list(shape), "max_abs_diff": diff})
+    return results
+
+
+def first_line(error: BaseException) -> str:
+    """A one-line reason for an exporter failure: the first line of the outermost and of the root error.
+
+    Exporters raise pages of colourised, traceback-like text; the root cause is what users can act on.
+    """
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = []
+    for item in (error, root) if root is not error else (error,):
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(item)).strip()
+        lines.append(text.splitlines()[0] if text else type(item).__name__)
+    return " <- ".join(lines)
+
+
+def latency(run: Any, images: Tensor, repeats: int = 3) -> float:
+    """Median wall time of ``run(images)`` in milliseconds, after one warm-up call."""
+    run(images)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(images)
+        times.append(time.perf_counter() - start)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def onnx_metadata(info: dict[str, Any], dynamic: bool, exporter: str) -> str:
+    """The JSON embedded in model.onnx: everything predict needs besides onnxruntime, numpy and Pillow."""
+    keys = ("num_classes", "classes", "palette", "mean", "std", "ignore_index", "model")
+    return json.dumps({**{key: info[key] for key in keys}, "dynamic": dynamic, "exporter": exporter})
+
+
+def torch_onnx_export(
+    wrapper: nn.Module, example: Tensor, path: Path, opset: int, exporter: str, dynamic: bool
+) -> None:
+    """One attempt with one exporter; ``dynamic`` makes batch, height and width symbolic."""
+    names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            auto = torch.export.Dim.AUTO
+            shapes = ({0: auto, 2: auto, 3: auto} if dynamic else {0: auto},)
+            torch.onnx.export(
+                wrapper,
+                (example,),
+                str(path),
+                dynamo=True,
+                dynamic_shapes=shapes,
+                external_data=False,  # one self-contained file: predict needs model.onnx alone
+                verbose=False,
+                **names,
+            )
+        else:
+            axes = {0: "batch", 2: "height", 3: "width"} if dynamic else {0: "batch"}
+            dynamic_axes = {"images": axes, "logits": axes}
+            torch.onnx.export(
+                wrapper, (example,), str(path), dynamo=False, dynamic_axes=dynamic_axes, **names
+            )
+
+
+def onnx_attempt(
+    wrapper: nn.Module, info: dict[str, Any], path: Path, opset: int, exporter: str, shapes: list, atol: float
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Export with one exporter, embed the metadata, check in onnxruntime; (ORT runner, check results)."""
+    import onnx
+    import onnxruntime as ort
+
+    dynamic = attention_class(attention_name(info)).onnx_dynamic
+    label = f"onnx[{attention_name(info)}, {exporter} exporter]"
+    torch_onnx_export(wrapper, torch.randn(shapes[0]), path, opset, exporter, dynamic)
+    proto = onnx.load(str(path))
+    proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(info, dynamic, exporter))
+    onnx.save(proto, str(path))
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    input_shape = session.get_inputs()[0].shape
+    if dynamic and any(isinstance(dim, int) for dim in (input_shape[0], *input_shape[2:])):
+        raise ExportError(f"{label}: graph input {input_shape}; expected symbolic batch, height, width")
+
+    def run_ort(images: Tensor) -> Any:
+        return session.run(None, {"images": images.numpy()})[0]
+
+    return run_ort, compare(wrapper, run_ort, shapes, atol, label)
+
+
+def export_onnx(
+    model: nn.Module,
+    info: dict[str, Any],
+    out: Path,
+    size: tuple[int, int],
+    opset: int,
+    atol: float,
+    exporter: str,
+) -> dict[str, Any]:
+    """model.onnx with dynamic batch, H, W (fixed H, W for variants flagged ``onnx_dynamic = False``).
+
+    ``exporter=auto`` tries torch's dynamo exporter first and the TorchScript-based one if that fails
+    or does not reproduce PyTorch.
+    """
+    name = attention_name(info)
+    dynamic = attention_class(name).onnx_dynamic
+    if opset < 17:
+        raise ExportError(f"opset={opset}; segattn exports need opset >= 17 (LayerNorm as one op)")
+    if not dynamic:
+        print(
+            f"onnx: attention {name!r} has onnx_dynamic=False: exporting a fixed {size[0]}x{size[1]} input "
+            "(predict runs it in slide mode with that crop)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ONNX_FILE
+    wrapper = ExportWrapper(model).eval()
+    shapes = check_sizes(*size) if dynamic else [(1, 3, *size), (2, 3, *size)]
+    errors = []
+    for attempt in ("dynamo", "torchscript") if exporter == "auto" else (exporter,):
+        try:
+            run_ort, results = onnx_attempt(wrapper, info, path, opset, attempt, shapes, atol)
+            break
+        except Exception as error:
+            reason = first_line(error)
+            errors.append(reason if isinstance(error, ExportError) else f"{attempt} exporter: {reason}")
+            print(f"onnx[{name}]: {errors[-1]}", file=sys.stderr)
+    else:
+        path.unlink(missing_ok=True)
+        raise ExportError(f"attention {name!r} cannot be exported to ONNX ({'; '.join(errors)})")
+    write_metadata(info, out)
+    images = torch.randn(1, 3, *size)
+    with torch.inference_mode():
+        timing = {"onnxruntime_ms": latency(run_ort, images), "pytorch_ms": latency(wrapper, images)}
+    print(
+        f"onnx[{name}]: CPU latency at 1x3x{size[0]}x{size[1]}: "
+        f"onnxruntime {timing['onnxruntime_ms']:.1f} ms, PyTorch {timing['pytorch_ms']:.1f} ms "
+        f"(median of 3, {torch.get_num_threads()} threads)"
+    )
+    return {
+        "format": "onnx",
+        "attention": name,
+        "exporter": attempt,
+        "dynamic": dynamic,
+        "checks": results,
+        "latency": timing,
+    }
+
+
+def export_torchscript(
+    model: nn.Module, info: dict[str, Any], out: Path, size: tuple[int, int], atol: float
+) -> dict[str, Any]:
+    """model.pt traced at ``size`` (metadata in its extra files), checked on two sizes; refused by flag."""
+    name = attention_name(info)
+    label = f"torchscript[{name}]"
+    if not attention_class(name).torchscript:
+        raise ExportError(
+            f"attention {name!r} does not support TorchScript (its class flag torchscript=False)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    wrapper = ExportWrapper(model).eval()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(wrapper, torch.randn(1, 3, *size), check_trace=False)
+    except Exception as error:
+        raise ExportError(f"attention {name!r} cannot be traced to TorchScript: {error}") from None
+    path = out / TORCHSCRIPT_FILE
+    with warnings.catch_warnings():
+        # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(traced, str(path), _extra_files={"segattn.json": onnx_metadata(info, True, "trace")})
+        loaded = torch.jit.load(str(path))
+    results = compare(wrapper, loaded, check_sizes(*size), atol, label)
+    write_metadata(info, out)
+    return {"format": "torchscript", "attention": name, "checks": results}
+
+
+def export_safetensors(
+    model: nn.Module, info: dict[str, Any], out: Path, size: tuple[int, int]
+) -> dict[str, Any]:
+    """model.safetensors + model.yaml + classes.json, reloaded with load_model; must match exactly."""
+    name = attention_name(info)
+    save_exported(model, info, out)
+    reloaded, _ = load_exported(out)
+    results = compare(
+        ExportWrapper(model).eval(),
+        ExportWrapper(reloaded).eval(),
+        check_sizes(*size),
+        0.0,
+        f"safetensors[{name}]",
+    )
+    return {"format": "safetensors", "attention": name, "file": str(out / WEIGHTS_FILE), "checks": results}
+
+
+def export(
+    model: nn.Module,
+    info: dict[str, Any],
+    fmt: str,
+    out: str | Path,
+    size: tuple[int, int] = (512, 512),
+    opset: int = 18,
+    atol: float = 1e-4,
+    exporter: str = "auto",
+) -> dict[str, Any]:
+    """Export ``model`` (as from ``segattn.load_model``) to ``out`` in format ``fmt``; a report dict."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt!r}; expected one of {FORMATS}")
+    if exporter not in EXPORTERS:
+        raise ExportError(f"exporter={exporter!r}; expected one of {EXPORTERS}")
+    model = model.eval()
+    out = Path(out)
+    if fmt == "onnx":
+        return export_onnx(model, info, out, size, opset, atol, exporter)
+    if fmt == "torchscript":
+        return export_torchscript(model, info, out, size, atol)
+    return export_safetensors(model, info, out, size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = {
+        "checkpoint": ...,
+        "format": ...,
+        "out": ...,
+        "height": 512,
+        "width": 512,
+        "opset": 18,
+        "atol": 1e-4,
+        "exporter": "auto",
+    }
+    args = parse_cli(sys.argv[1:] if argv is None else argv, defaults, "segattn.export")
+    try:
+        model, info = load_model(args["checkpoint"])
+        start = time.perf_counter()
+        report = export(
+            model,
+            info,
+            args["format"],
+            args["out"],
+            (args["height"], args["width"]),
+            args["opset"],
+            args["atol"],
+            args["exporter"],
+        )
+    except (ExportError, ValueError, FileNotFoundError) as error:
+        print(f"segattn.export: {error}", file=sys.stderr)
+        return 1
+    print(f"exported {report['format']} to {args['out']} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""Run an exported ``model.onnx`` with onnxruntime and numpy only: whole, slide and flip inference.
+
+This mirrors ``segattn.inference.infer`` (same window geometry from ``segattn.tiling``) for machines
+without torch. A fixed-shape export (a variant whose ``onnx_dynamic`` flag is False) can only see crops
+of its export size, so it always runs in slide mode with that crop, padding images smaller than it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .tiling import default_stride, slide_windows
+
+METADATA_KEY = "segattn"
+ONNX_FILE = "model.onnx"
+
+
+class OnnxSegmentor:
+    """``model.onnx`` in an onnxruntime session; ``info`` is the metadata the export embedded in it."""
+
+    def __init__(self, path: str | Path, threads: int = 0) -> None:
+        import onnxruntime as ort
+
+        path = Path(path)
+        self.path = path / ONNX_FILE if path.is_dir() else path
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such ONNX model (python -m segattn.export format=onnx)")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        if raw is None:
+            raise ValueError(
+                f"{self.path}: no '{METADATA_KEY}' metadata (classes, mean, std); "
+                "export it with python -m segattn.export format=onnx"
+            )
+        self.info: dict[str, Any] = json.loads(raw)
+        self.input_name = self.session.get_inputs()[0].name
+        _, _, height, width = self.session.get_inputs()[0].shape
+        self.fixed_size = (height, width) if isinstance(height, int) and isinstance(width, int) else None
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        """float32 [B, 3, H, W] -> logits [B, K, H, W]."""
+        return self.session.run(None, {self.input_name: np.ascontiguousarray(images, dtype=np.float32)})[0]
+
+
+def slide_numpy(
+    model: OnnxSegmentor,
+    images: np.ndarray,
+    num_classes: int,
+    crop: tuple[int, int],
+    stride: tuple[int, int],
+    crop_batch_size: int,
+) -> np.ndarray:
+    """Crops batched ``crop_batch_size`` at a time, overlaps averaged with a count map (as in infer_slide)."""
+    batch, _, height, width = images.shape
+    windows = slide_windows(height, width, crop, stride)
+    jobs = [(index, window) for index in range(batch) for window in windows]
+    logits = np.zeros((batch, num_classes, height, width), dtype=np.float32)
+    count = np.zeros((height, width), dtype=np.float32)
+    for top, bottom, left, right in windows:
+        count[top:bottom, left:right] += 1
+    for start in range(0, len(jobs), crop_batch_size):
+        chunk = jobs[start : start + crop_batch_size]
+        crops = np.stack([images[i, :, top:bottom, left:right] for i, (top, bottom, left, right) in chunk])
+        for crop_logits, (i, (top, bottom, left, right)) in zip(model(crops), chunk, strict=True):
+            logits[i, :, top:bottom, left:right] += crop_logits
+    return logits / count
+
+
+def infer_numpy(
+    model: OnnxSegmentor,
+    images: np.ndarray,
+    mode: str = "whole",
+    crop_size: tuple[int, int] | None = None,
+    stride: tuple[int, int] | None = None,
+    crop_batch_size: int = 4,
+    flip: bool = False,
+) -> np.ndarray:
+    """Logits [B, K, H, W] for normalised float32 ``images`` [B, 3, H, W]; flip TTA averages the mirror."""
+    num_classes = int(model.info["num_classes"])
+    height, width = images.shape[-2:]
+    if model.fixed_size is not None:
+        # A fixed-shape graph sees only crops of its export size: pad small images up to it, then slide.
+        mode, crop_size = "slide", model.fixed_size
+        stride = stride or default_stride(crop_size)
+        pad_h, pad_w = max(0, crop_size[0] - height), max(0, crop_size[1] - width)
+        images = np.pad(images, ((0, 0), (0, 0), (0, pad_h), (0, pad_w)))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if mode == "slide":
+            if crop_size is None:
+                raise ValueError("mode=slide needs a crop size (crop=H,W)")
+            step = stride or default_stride(crop_size)
+            return slide_numpy(model, x, num_classes, crop_size, step, crop_batch_size)
+        if mode != "whole":
+            raise ValueError(f"mode={mode!r}; expected 'whole' or 'slide'")
+        return model(x)
+
+    logits = run(images)
+    if flip:
+        logits = (logits + run(images[..., ::-1])[..., ::-1]) / 2
+    return logits[..., :height, :width]
+
+
+__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "slide_numpy"]

@@ -1,0 +1,157 @@
+"""Segment images with a trained or exported model: index masks and colour overlays at the original size.
+
+    python -m segattn.predict model=<ckpt | exported dir | model.onnx> input=<file | dir | glob> out=<dir>
+
+Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. An ONNX model
+runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and safetensors
+directories. Unreadable images are named, skipped, and make the command exit with status 1 at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
+from .onnx_infer import ONNX_FILE
+
+Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
+
+DEFAULTS: dict[str, Any] = {
+    "model": ...,
+    "input": ...,
+    "out": ...,
+    "mode": "whole",
+    "crop": (),
+    "stride": (),
+    "crop_batch_size": 4,
+    "scales": (1.0,),
+    "flip": False,
+    "alpha": 0.5,
+    "threads": 0,
+}
+
+
+def is_onnx(path: Path) -> bool:
+    """A ``.onnx`` file, or a directory holding ``model.onnx`` but no safetensors export."""
+    if path.is_dir():
+        return (path / ONNX_FILE).is_file() and not (path / "model.safetensors").is_file()
+    return path.suffix == ".onnx"
+
+
+def pair(values: tuple, key: str) -> tuple[int, int] | None:
+    """``crop=512`` or ``crop=512,1024`` -> (H, W); empty -> None."""
+    if not values:
+        return None
+    if len(values) not in (1, 2):
+        raise SystemExit(f"segattn.predict: {key}={','.join(map(str, values))}; expected H or H,W")
+    return (int(values[0]), int(values[-1]))
+
+
+def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
+    """An onnxruntime session and numpy slide/flip inference; multi-scale TTA needs the torch path."""
+    from .onnx_infer import OnnxSegmentor, infer_numpy
+
+    if tuple(args["scales"]) != (1.0,):
+        raise SystemExit(
+            "segattn.predict: scales=... (multi-scale TTA) needs a checkpoint or safetensors model"
+        )
+    model = OnnxSegmentor(path, args["threads"])
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        logits = infer_numpy(
+            model,
+            images,
+            args["mode"],
+            pair(args["crop"], "crop"),
+            pair(args["stride"], "stride"),
+            args["crop_batch_size"],
+            args["flip"],
+        )
+        return logits[0].argmax(axis=0)
+
+    return predict, model.info
+
+
+def torch_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
+    """``segattn.load_model`` + ``segattn.inference.infer`` under inference mode on the CPU."""
+    import torch
+
+    from .inference import infer
+    from .loading import load_model
+
+    if args["threads"]:
+        torch.set_num_threads(args["threads"])
+    model, info = load_model(path)
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            logits = infer(
+                model,
+                torch.from_numpy(images),
+                info["num_classes"],
+                args["mode"],
+                pair(args["crop"], "crop"),
+                pair(args["stride"], "stride"),
+                args["crop_batch_size"],
+                tuple(args["scales"]),
+                args["flip"],
+            )
+        return logits[0].argmax(dim=0).numpy()
+
+    return predict, info
+
+
+def progress(items: list[Path], description: str) -> Iterator[Path]:
+    """A rich progress bar when rich is installed (it is a segattn dependency); plain iteration otherwise."""
+    try:
+        from rich.progress import track
+    except ImportError:
+        return iter(items)
+    return iter(track(items, description=description, transient=False))
+
+
+def predict_files(
+    predictor: Predictor, info: dict[str, Any], files: Iterable[Path], out: Path, alpha: float
+) -> tuple[int, list[tuple[Path, str]]]:
+    """Masks and overlays for every readable file; (written count, [(file, reason) for skipped files])."""
+    written, failed = 0, []
+    for path in files:
+        try:
+            rgb = read_rgb(path)
+        except ValueError as error:
+            print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
+            failed.append((path, str(error)))
+            continue
+        mask = predictor(normalize(rgb, info["mean"], info["std"]))
+        save_mask(mask, out / "masks" / f"{path.stem}.png")
+        save_rgb(overlay(rgb, mask, info["palette"], alpha), out / "overlays" / f"{path.stem}.png")
+        written += 1
+    return written, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_cli(sys.argv[1:] if argv is None else argv, DEFAULTS, "segattn.predict")
+    model_path, out = Path(args["model"]), Path(args["out"])
+    try:
+        files = find_images(args["input"])
+        build = onnx_predictor if is_onnx(model_path) else torch_predictor
+        predictor, info = build(model_path, args)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"segattn.predict: {error}", file=sys.stderr)
+        return 1
+    written, failed = predict_files(predictor, info, progress(files, "segmenting"), out, args["alpha"])
+    print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and overlays to {out / 'overlays'}")
+    if failed:
+        names = ", ".join(str(path) for path, _ in failed)
+        print(f"segattn.predict: {len(failed)} unreadable image(s) skipped: {names}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
