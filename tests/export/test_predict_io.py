@@ -1,0 +1,63 @@
+"""Torch-free helpers of predict: palette, normalisation, masks, image discovery, key=value arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from segattn.io import default_palette, find_images, normalize, overlay, parse_cli, read_rgb, save_mask
+
+
+def test_default_palette_is_the_pascal_voc_palette():
+    # VOC's first colours, as published with the dataset.
+    voc = [(0, 0, 0), (128, 0, 0), (0, 128, 0), (128, 128, 0), (0, 0, 128), (128, 0, 128)]
+    assert default_palette(6) == voc
+    assert default_palette(21)[20] == (0, 64, 128)  # tvmonitor
+
+
+def test_normalize_is_pixel_over_255_minus_mean_over_std():
+    rgb = np.array([[[255, 0, 51]]], dtype=np.uint8)
+    out = normalize(rgb, [0.5, 0.5, 0.2], [0.5, 0.25, 0.1])
+    expected = [(1 - 0.5) / 0.5, (0 - 0.5) / 0.25, (0.2 - 0.2) / 0.1]
+    np.testing.assert_allclose(out[0, :, 0, 0], expected, atol=1e-6)
+    assert out.shape == (1, 3, 1, 1) and out.dtype == np.float32
+
+
+def test_read_rgb_converts_and_names_unreadable_files(tmp_path):
+    Image.fromarray(np.full((5, 7), 9, np.uint8)).save(tmp_path / "gray.png")
+    Image.fromarray(np.zeros((5, 7, 4), np.uint8)).save(tmp_path / "rgba.png")
+    assert read_rgb(tmp_path / "gray.png").shape == (5, 7, 3)
+    assert read_rgb(tmp_path / "rgba.png").shape == (5, 7, 3)
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with pytest.raises(ValueError, match=r"broken\.png"):
+        read_rgb(tmp_path / "broken.png")
+
+
+def test_masks_keep_class_indices_and_overlay_blends_palette(tmp_path):
+    mask = np.array([[0, 1], [2, 300]])
+    save_mask(mask, tmp_path / "m.png")
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "m.png")), mask)  # 16-bit when > 255
+    rgb = np.full((1, 2, 3), 100, np.uint8)
+    blended = overlay(rgb, np.array([[0, 1]]), [(0, 0, 0), (200, 100, 0)], alpha=0.5)
+    np.testing.assert_array_equal(blended, [[[50, 50, 50], [150, 100, 50]]])
+
+
+def test_find_images_accepts_file_dir_and_glob(tmp_path):
+    for name in ("b.png", "a.jpg", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in find_images(str(tmp_path))] == ["a.jpg", "b.png"]
+    assert [p.name for p in find_images(str(tmp_path / "*.png"))] == ["b.png"]
+    assert [p.name for p in find_images(str(tmp_path / "a.jpg"))] == ["a.jpg"]
+    with pytest.raises(FileNotFoundError, match="matches no image"):
+        find_images(str(tmp_path / "*.tif"))
+
+
+def test_parse_cli_casts_to_default_types_and_rejects_unknown_keys():
+    defaults = {"model": ..., "crop": (), "flip": False, "alpha": 0.5, "threads": 0}
+    args = parse_cli(["model=m.onnx", "crop=256,384", "flip=true", "alpha=0.3", "threads=2"], defaults, "cmd")
+    assert args == {"model": "m.onnx", "crop": (256, 384), "flip": True, "alpha": 0.3, "threads": 2}
+    with pytest.raises(SystemExit, match="unknown argument 'modle=x'"):
+        parse_cli(["modle=x"], defaults, "cmd")
+    with pytest.raises(SystemExit, match="missing required argument"):
+        parse_cli([], defaults, "cmd")
