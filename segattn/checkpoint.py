@@ -1,0 +1,109 @@
+"""Everything segattn reads from a checkpoint file or adds to one, in one place.
+
+Files are always opened with ``weights_only=True`` (plain tensors and containers, never code), so
+anything stored here must be tensors, numbers, strings, lists or dicts.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+LAST = "last.ckpt"
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents on the CPU, unpickled with ``weights_only=True``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
+    """The most recently modified ``last.ckpt`` anywhere under ``log_dir`` (runs and sweeps alike),
+    ignoring files under ``exclude`` (the current run's own directory)."""
+    excluded = Path(exclude).resolve() if exclude else None
+    candidates = [
+        path
+        for path in Path(log_dir).rglob(LAST)
+        if path.is_file() and not (excluded and path.resolve().is_relative_to(excluded))
+    ]
+    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def resolve_ckpt_path(ckpt_path: str | None, log_dir: str | Path, run_dir: str | Path) -> Path | None:
+    """``ckpt_path`` from the config → the checkpoint file to resume from (None: start fresh).
+
+    ``last`` picks the newest ``last.ckpt`` of earlier runs under ``log_dir``; anything else is a path.
+    """
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = find_last_checkpoint(log_dir, exclude=run_dir)
+        if found is None:
+            raise FileNotFoundError(
+                f"ckpt_path=last: no {LAST} under {log_dir}; train once first or pass a path"
+            )
+        return found
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+    return path
+
+
+def wandb_run_id(checkpoint: dict[str, Any]) -> str | None:
+    """The W&B run id stored by training, so a resumed run continues the same W&B run."""
+    return checkpoint.get("segattn", {}).get("wandb_run_id")
+
+
+def load_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> dict[str, list[str]]:
+    """Copy the weights of a Lightning checkpoint into ``model`` (fine-tuning; no optimizer state).
+
+    Tensors whose shape differs (e.g. a head for another number of classes) are skipped. Returns the
+    ``loaded``, ``skipped``, ``missing`` and ``unexpected`` key names.
+    """
+    state = read_checkpoint(path).get("state_dict")
+    if state is None:
+        raise ValueError(f"init_from={path}: not a Lightning checkpoint (no 'state_dict')")
+    weights = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+    own = model.state_dict()
+    skipped = sorted(key for key, value in weights.items() if key in own and own[key].shape != value.shape)
+    matching = {key: value for key, value in weights.items() if key not in skipped}
+    result = model.load_state_dict(matching, strict=False)
+    loaded = sorted(set(matching) - set(result.unexpected_keys))
+    if not loaded:
+        raise ValueError(f"init_from={path}: no tensor matches the model (checkpoint keys under {prefix!r})")
+    return {
+        "loaded": loaded,
+        "skipped": skipped,
+        "missing": sorted(result.missing_keys),
+        "unexpected": sorted(result.unexpected_keys),
+    }
+
+
+def rng_state() -> dict[str, Any]:
+    """The global torch / numpy / Python RNG states as tensors and numbers (safe to unpickle)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of ``rng_state``: resuming continues the same random stream (augmentations, shuffling)."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,102 @@
+"""The LightningModule: training loss, full-resolution validation with mmseg metrics, optimizers, and
+the segattn section of every checkpoint. The only place (with train.py) that knows about Lightning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.loggers import WandbLogger
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from .checkpoint import restore_rng_state, rng_state
+from .inference import infer
+from .metrics import SegmentationMetric
+
+OptimizerFactory = Callable[[nn.Module], Optimizer]
+SchedulerFactory = Callable[[Optimizer, int], LRScheduler]
+
+
+class SegmentationModule(pl.LightningModule):
+    """Trains ``model`` (a Segmentor) with ``criterion``; validates with ``infer(**inference)``.
+
+    ``data_info`` ({name, classes, palette, ignore_index, mean, std}) is stored in checkpoints next to
+    ``model.config`` so the model can be rebuilt and used from the checkpoint alone.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        criterion: nn.Module,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory,
+        data_info: dict[str, Any],
+        inference: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.criterion = criterion
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.data_info = data_info
+        self.inference = dict(inference or {})
+        self.val_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
+        self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        images, masks = batch["image"], batch["mask"]
+        logits, aux_logits = self.model.forward_with_aux(images)
+        loss = self.criterion(logits, masks)
+        logs = {"train/main_loss": loss}
+        if aux_logits is not None:
+            logs["train/aux_loss"] = self.criterion(aux_logits, masks)
+            loss = loss + self.model.aux_weight * logs["train/aux_loss"]
+        self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
+        self.log_dict(logs, batch_size=images.shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
+        """Full-resolution prediction (whole image or sliding window); only pixel counts are kept."""
+        logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
+        preds = logits.argmax(dim=1)
+        self.val_metric.update(preds, batch["mask"])
+        return {"preds": preds}
+
+    def on_validation_epoch_end(self) -> None:
+        scores = self.val_metric.compute()  # summed over all ranks
+        self.val_metric.reset()
+        self.log_dict({f"val/{name}": scores[name].float() for name in ("mIoU", "mAcc", "aAcc")})
+        classes = self.data_info["classes"]
+        self.val_scores = {
+            **{name: scores[name].item() for name in ("mIoU", "mAcc", "aAcc")},
+            "IoU": dict(zip(classes, scores["IoU"].tolist(), strict=True)),
+            "Acc": dict(zip(classes, scores["Acc"].tolist(), strict=True)),
+        }
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(self.model)
+        scheduler = self.scheduler_factory(optimizer, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["segattn"] = {
+            "model": dict(self.model.config),
+            "data": dict(self.data_info),
+            "wandb_run_id": self.wandb_run_id(),
+        }
+        checkpoint["rng_states"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "rng_states" in checkpoint:
+            restore_rng_state(checkpoint["rng_states"])
+
+    def wandb_run_id(self) -> str | None:
+        """Id of the W&B run this training logs to (None without a W&B logger)."""
+        loggers = self.trainer.loggers if self._trainer is not None else []
+        return next((logger.version for logger in loggers if isinstance(logger, WandbLogger)), None)

@@ -1,0 +1,50 @@
+"""AdamW over the model's own parameter groups and the per-step LR schedule: linear warmup, then
+polynomial or cosine decay, built from torch's schedulers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import nn
+from torch.optim import AdamW, Optimizer
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, PolynomialLR, SequentialLR
+
+SCHEDULES = ("poly", "cosine")
+
+
+def build_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, betas: Sequence[float] = (0.9, 0.999)
+) -> Optimizer:
+    """AdamW over ``model.param_groups(lr, weight_decay)`` (the model decides decay and LR multipliers)."""
+    return AdamW(model.param_groups(lr, weight_decay), lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+def build_scheduler(
+    optimizer: Optimizer,
+    total_steps: int,
+    name: str = "poly",
+    warmup_steps: int = 0,
+    warmup_start_factor: float = 1e-6,
+    power: float = 1.0,
+    eta_min: float = 0.0,
+) -> LRScheduler:
+    """LR factor ramps linearly from ``warmup_start_factor`` to 1 over ``warmup_steps``, then decays to
+    0 (poly: (1 - t)^power) or to ``eta_min`` (cosine) at ``total_steps``; stepped once per optimizer step.
+
+    A warmup longer than the run (e.g. a recipe under fast_dev_run) is shortened to ``total_steps - 1``.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"scheduler.name={name!r}; expected one of {', '.join(SCHEDULES)}")
+    if warmup_steps >= total_steps:
+        rank_zero_warn(f"scheduler.warmup_steps={warmup_steps} >= {total_steps} training steps; shortened")
+        warmup_steps = total_steps - 1
+    decay_steps = total_steps - warmup_steps
+    if name == "poly":
+        decay: LRScheduler = PolynomialLR(optimizer, total_iters=decay_steps, power=power)
+    else:
+        decay = CosineAnnealingLR(optimizer, T_max=decay_steps, eta_min=eta_min)
+    if warmup_steps <= 0:
+        return decay
+    warmup = LinearLR(optimizer, start_factor=warmup_start_factor, total_iters=warmup_steps)
+    return SequentialLR(optimizer, [warmup, decay], milestones=[warmup_steps])

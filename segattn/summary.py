@@ -1,0 +1,64 @@
+"""The end-of-run summary: what train.py returns and prints on one screen."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from rich.columns import Columns
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from .callbacks import wandb_logger
+
+
+def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) -> dict[str, Any]:
+    """Run dir, best / last checkpoints, W&B run dir, and the final validation scores (percent)."""
+    checkpoint = trainer.checkpoint_callback
+    best_score = getattr(checkpoint, "best_model_score", None)
+    logger = wandb_logger(trainer)
+    wandb_dir = (
+        str(Path(logger.experiment.dir).parent) if logger is not None and trainer.is_global_zero else None
+    )
+    return {
+        "run_dir": str(run_dir),
+        "epochs": trainer.current_epoch,
+        "steps": trainer.global_step,
+        "best_mIoU": None if best_score is None else float(best_score),
+        "best_checkpoint": getattr(checkpoint, "best_model_path", "") or None,
+        "last_checkpoint": getattr(checkpoint, "last_model_path", "") or None,
+        "wandb_dir": wandb_dir,
+        "final": dict(module.val_scores),
+    }
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """A rich panel: where things are, the best and final scores, and the final IoU of every class."""
+    table = Table.grid(padding=(0, 2))
+    final = summary["final"]
+    rows = [
+        ("best val/mIoU", _percent(summary["best_mIoU"])),
+        (
+            "final mIoU / mAcc / aAcc",
+            " / ".join(_percent(final.get(key)) for key in ("mIoU", "mAcc", "aAcc")),
+        ),
+        ("epochs / steps", f"{summary['epochs']} / {summary['steps']}"),
+        ("run dir", summary["run_dir"]),
+        ("best checkpoint", summary["best_checkpoint"] or "-"),
+        ("last checkpoint", summary["last_checkpoint"] or "-"),
+        ("W&B run dir", summary["wandb_dir"] or "-"),
+    ]
+    for key, value in rows:
+        table.add_row(f"[bold]{key}[/]", value)
+    per_class = Columns(
+        [f"{name}: {_percent(iou)}" for name, iou in final.get("IoU", {}).items()], padding=(0, 3)
+    )
+    body = Group(table, "", "[bold]final IoU per class[/]", per_class) if final.get("IoU") else table
+    (console or Console()).print(Panel(body, title="segattn run summary", expand=False))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"
