@@ -1,0 +1,167 @@
+"""SegDataModule: a dataset by name, its train/eval pipelines and DataLoaders, from flat config kwargs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from .base import SegDatasetBase
+from .errors import DataError
+from .labels import IGNORE_INDEX
+from .registry import build_source
+from .scan import scan_dataset
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    WorkerSeeder,
+    build_eval_transform,
+    build_train_transform,
+    reseed_transform,
+    stream_seed,
+)
+
+
+def seg_collate(batch: list[dict[str, Any]], ignore_index: int = IGNORE_INDEX) -> dict[str, Any]:
+    """Stack items, padding smaller ones at the bottom/right: images with 0 (the mean colour after
+    normalisation), masks with ``ignore_index`` so padding never counts as a class."""
+    H = max(item["image"].shape[1] for item in batch)
+    W = max(item["image"].shape[2] for item in batch)
+    images = torch.zeros(len(batch), 3, H, W, dtype=batch[0]["image"].dtype)
+    masks = torch.full((len(batch), H, W), ignore_index, dtype=torch.long)
+    for i, item in enumerate(batch):
+        _, h, w = item["image"].shape
+        images[i, :, :h, :w] = item["image"]
+        masks[i, :h, :w] = item["mask"]
+    return {"image": images, "mask": masks, "path": [item["path"] for item in batch]}
+
+
+class SegDataModule(pl.LightningDataModule):
+    """Train/val/test loaders for dataset ``name`` under ``root``.
+
+    Sizes are [height, width]; ``mean``/``std`` apply to RGB/255. Keys that are not constructor
+    arguments are the dataset family's options (e.g. ``image_size`` for synthetic, ``mask_format`` for
+    folder). Class names, palette and ignore index are known right after construction; datasets are
+    built in ``setup``, and with ``validate=True`` every file of the needed splits is checked first.
+    Shuffling is left to the DataLoader so Lightning can swap in a DistributedSampler under DDP.
+    """
+
+    def __init__(
+        self,
+        name: str = "synthetic",
+        root: str | Path | None = None,
+        num_classes: int | None = None,
+        batch_size: int = 8,
+        val_batch_size: int = 1,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        crop_size: int | Sequence[int] = (512, 512),
+        base_size: Sequence[int] | None = None,
+        ratio_range: Sequence[float] = (0.5, 2.0),
+        cat_max_ratio: float = 0.75,
+        hflip: float = 0.5,
+        photometric: bool = True,
+        eval_short_side: int | None = None,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        train_split: str = "train",
+        val_split: str = "val",
+        test_split: str = "test",
+        validate: bool = False,
+        **options: Any,
+    ):
+        super().__init__()
+        self.name = name
+        self.source = build_source(name, root, **options)
+        self.classes = list(self.source.classes)
+        self.palette = [tuple(c) for c in self.source.palette]
+        self.ignore_index = self.source.ignore_index
+        self.num_classes = len(self.classes)
+        if num_classes is not None and num_classes != self.num_classes:
+            raise ValueError(
+                f"data.num_classes={num_classes} but dataset {name!r}"
+                f"{'' if root is None else f' at {root}'} has {self.num_classes} classes "
+                f"({', '.join(self.classes[:12])}{', ...' if self.num_classes > 12 else ''}); "
+                f"set data.num_classes={self.num_classes}"
+            )
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size
+        self.num_workers = num_workers
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.pin_memory = pin_memory
+        self.splits = {"train": train_split, "val": val_split, "test": test_split}
+        self.validate = validate
+        self.train_transform = build_train_transform(
+            crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std, self.ignore_index
+        )
+        self.eval_transform = build_eval_transform(eval_short_side, mean, std)
+        self.datasets: dict[str, SegDatasetBase] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the datasets ``stage`` needs (all three for None). With ``validate`` every file of those
+        splits is read first and one DataError lists every problem; otherwise a bad sample fails when
+        it is loaded, with an error naming its file."""
+        roles = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": []}.get(
+            stage or "", ["train", "val", "test"]
+        )
+        problems = []
+        for role in roles:
+            if role in self.datasets:
+                continue
+            transform = self.train_transform if role == "train" else self.eval_transform
+            try:
+                self.datasets[role] = self.source.dataset(self.splits[role], transform)
+            except DataError as err:
+                if not self.validate:
+                    raise
+                problems.append(str(err))
+                continue
+            if self.validate:
+                problems += scan_dataset(self.datasets[role], self.splits[role]).problems
+        if problems:
+            shown = problems[:50] + ([f"... and {len(problems) - 50} more"] if len(problems) > 50 else [])
+            raise DataError(
+                f"data.validate found {len(problems)} problem(s) in dataset {self.name!r}:\n  - "
+                + "\n  - ".join(shown)
+                + f"\nSee `python -m segattn.data.doctor data={self.name} data.root=...` for the full report."
+            )
+
+    def _rank(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_rank if trainer is not None else 0
+
+    def _loader(self, role: str) -> DataLoader:
+        if role not in self.datasets:
+            self.setup({"train": "fit", "val": "validate", "test": "test"}[role])
+        dataset = self.datasets[role]
+        train = role == "train"
+        rank = self._rank()
+        if self.num_workers == 0:  # no worker_init_fn runs in-process: seed the pipeline here
+            reseed_transform(dataset, stream_seed(int(torch.randint(2**62, ()).item()), rank))
+        batch_size = self.batch_size if train else self.val_batch_size
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=train,
+            drop_last=train and len(dataset) >= batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.persistent_workers,
+            pin_memory=self.pin_memory,
+            collate_fn=partial(seg_collate, ignore_index=self.ignore_index),
+            worker_init_fn=WorkerSeeder(rank) if self.num_workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

@@ -1,0 +1,105 @@
+"""``python -m segattn.data.doctor data=<name> data.root=<path> [data.<key>=<value> ...]``
+
+Composes the same Hydra config as train.py, reads every file of the train/val/test splits, prints
+counts, image sizes and the label histogram per class, then lists every problem found (unreadable or
+truncated files, image/mask size mismatches, missing masks, unknown label values, 0/255 binary masks,
+empty splits). Exit status: 0 clean, 1 problems found, 2 the configuration itself is wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import register_resolvers
+from .datamodule import SegDataModule
+from .errors import DataError
+from .scan import SplitReport, scan_dataset
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_data_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """``cfg.data`` as plain SegDataModule kwargs, composed from conf/train.yaml like a training run."""
+    register_resolvers()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)  # lets ${repo_root:} and ${hydra:...} resolve
+        return OmegaConf.to_container(cfg.data, resolve=True)
+
+
+def scan_splits(datamodule: SegDataModule) -> list[SplitReport]:
+    """One report per distinct split name of the data module (train, val, test)."""
+    reports = []
+    for split in dict.fromkeys(datamodule.splits.values()):
+        try:
+            dataset = datamodule.source.dataset(split)
+        except (DataError, ValueError) as err:
+            reports.append(SplitReport(split, problems=[str(err)]))
+            continue
+        reports.append(scan_dataset(dataset, split))
+    return reports
+
+
+def _sizes(report: SplitReport) -> str:
+    common = [f"{w}x{h} ({n})" for (w, h), n in report.sizes.most_common(3)]
+    others = len(report.sizes) - len(common)
+    if others:
+        areas = sorted(report.sizes, key=lambda s: s[0] * s[1])
+        common.append(f"+{others} other sizes, {areas[0][0]}x{areas[0][1]} to {areas[-1][0]}x{areas[-1][1]}")
+    return ", ".join(common) or "-"
+
+
+def format_report(datamodule: SegDataModule, root: Any, reports: list[SplitReport]) -> str:
+    """The doctor's printout: header, per-split counts and sizes, histogram table, problems."""
+    dm = datamodule
+    lines = [f"dataset {dm.name!r} at {root}: {dm.num_classes} classes, ignore index {dm.ignore_index}", ""]
+    lines.append(f"{'split':<12}{'samples':>8}  image sizes (W x H)")
+    lines += [f"{r.split:<12}{r.count:>8}  {_sizes(r)}" for r in reports]
+    width = max(len(c) for c in dm.classes) + 2
+    lines += ["", "label histogram, % of labelled pixels:", f"{'id':>4}  {'class':<{width}}"]
+    lines[-1] += "".join(f"{r.split:>10}" for r in reports)
+    for k, name in enumerate(dm.classes):
+        cells = [
+            r.histogram[k] / max(1, r.histogram.sum()) * 100 if r.histogram.size else 0.0 for r in reports
+        ]
+        lines.append(f"{k:>4}  {name:<{width}}" + "".join(f"{c:>9.2f}%" for c in cells))
+    totals = [int(r.histogram.sum()) + r.ignored for r in reports]
+    lines.append(
+        f"{'':>4}  {'labelled px':<{width}}" + "".join(f"{int(r.histogram.sum()):>10}" for r in reports)
+    )
+    lines.append(
+        f"{'':>4}  {f'ignored ({dm.ignore_index})':<{width}}"
+        + "".join(f"{r.ignored / max(1, t) * 100:>9.2f}%" for r, t in zip(reports, totals, strict=True))
+        + "  of all pixels"
+    )
+    problems = [p for r in reports for p in r.problems]
+    lines += ["", f"{len(problems)} problem(s):" if problems else "no problems found"]
+    lines += [f"  - {p}" for p in problems]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the doctor with Hydra overrides (``sys.argv[1:]`` by default); returns the exit status."""
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        kwargs = compose_data_config(overrides)
+        datamodule = SegDataModule(**kwargs)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        print(f"data doctor: configuration error: {err}", file=sys.stderr)
+        return 2
+    reports = scan_splits(datamodule)
+    print(format_report(datamodule, kwargs.get("root"), reports))
+    return 1 if any(r.problems for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""``folder``: any images/ + masks/ pair with matching stems; ``camvid`` is that layout with its classes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .base import FileLayout, Sample
+from .errors import DataError
+from .labels import Color, ColorMap, LabelMap, pascal_colormap
+from .readers import IMAGE_SUFFIXES
+
+
+def read_classes_json(path: Path) -> tuple[list[str], list[Color] | None, Color | None]:
+    """(names, colours or None, ignore colour or None) from a classes.json.
+
+    Accepted forms: ``["sky", ...]`` or ``{"classes": [{"id": 0, "name": "sky", "color": [r, g, b]}, ...],
+    "ignore": {"color": [r, g, b]}}`` (ids 0..K-1, colours optional).
+    """
+    try:
+        spec = json.loads(path.read_text())
+        entries = spec["classes"] if isinstance(spec, dict) else spec
+        if all(isinstance(e, str) for e in entries):
+            return list(entries), None, None
+        entries = sorted(entries, key=lambda e: e["id"])
+        if [e["id"] for e in entries] != list(range(len(entries))):
+            raise ValueError(f"class ids must be 0..{len(entries) - 1}")
+        names = [str(e["name"]) for e in entries]
+        colors = [tuple(e["color"]) for e in entries] if all("color" in e for e in entries) else None
+        ignore = spec.get("ignore", {}).get("color") if isinstance(spec, dict) else None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(
+            f"{path} is not a valid classes.json ({err}); expected a list of names or "
+            '{"classes": [{"id": 0, "name": "...", "color": [r, g, b]}, ...]}',
+            path,
+        ) from None
+    return names, colors, None if ignore is None else tuple(ignore)
+
+
+def files_by_stem(folder: Path) -> dict[str, Path]:
+    """Image-like files in ``folder`` keyed by stem (PNG wins over other formats with the same stem)."""
+    if not folder.is_dir():
+        return {}
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    return {p.stem: p for p in sorted(files, key=lambda p: p.suffix.lower() == ".png")}
+
+
+class FolderLayout(FileLayout):
+    """images/ + masks/ with matching stems, split by subfolders or by ``<split>.txt`` stem lists.
+
+    Masks are index PNGs (value = class, 255 = ignore; ``mask_values`` remaps raw values) or, with
+    ``mask_format="color"``, colour PNGs mapped through the classes.json palette.
+    """
+
+    name = "folder"
+    layout = (
+        "images/<split>/<stem>.<ext> and masks/<split>/<stem><mask_suffix>.png, or images/ + masks/ with "
+        "<split>.txt stem lists; optional classes.json"
+    )
+    default_classes: tuple[list[str], list[Color]] | None = None
+
+    def __init__(
+        self,
+        root: str | Path,
+        classes: list[str] | None = None,
+        mask_format: str = "index",
+        mask_values: dict[int, int] | None = None,
+        mask_suffix: str = "",
+    ):
+        super().__init__(root)
+        names, colors, ignore_color = self._read_classes(classes)
+        self.classes = names
+        self.palette = colors or pascal_colormap(len(names))
+        self.mask_suffix = mask_suffix
+        if mask_format == "index":
+            self.decoder = self._label_map(mask_values)
+        elif mask_format == "color":
+            self.decoder = ColorMap(self.palette, self.name, ignore_color, self.ignore_index)
+        else:
+            raise ValueError(f"data.mask_format={mask_format!r}; expected 'index' or 'color'")
+
+    def _read_classes(self, classes: list[str] | None) -> tuple[list[str], list[Color] | None, Color | None]:
+        spec = self.root / "classes.json"
+        names, colors, ignore = read_classes_json(spec) if spec.is_file() else (None, None, None)
+        if classes is not None:
+            return list(classes), colors if colors and len(colors) == len(classes) else None, ignore
+        if names is not None:
+            return names, colors, ignore
+        if self.default_classes is not None:
+            return list(self.default_classes[0]), list(self.default_classes[1]), None
+        raise DataError(
+            f"dataset {self.name!r} at {self.root} has no classes.json; add one or set data.classes=[...]",
+            spec,
+        )
+
+    def _label_map(self, mask_values: dict[int, int] | None) -> LabelMap:
+        if mask_values is None:
+            return LabelMap.identity(len(self.classes), self.name, self.ignore_index)
+        mapping = {self.ignore_index: self.ignore_index, **{int(k): int(v) for k, v in mask_values.items()}}
+        bad = {k: v for k, v in mapping.items() if not (0 <= v < len(self.classes) or v == self.ignore_index)}
+        if bad:
+            raise ValueError(
+                f"data.mask_values maps to {bad}; train ids must be 0..{len(self.classes) - 1} or "
+                f"{self.ignore_index} (ignore)"
+            )
+        return LabelMap(mapping, self.name, self.ignore_index, check_binary=False)
+
+    def samples(self, split: str) -> list[Sample]:
+        root = self.require_dir(self.root)
+        if (root / "images" / split).is_dir():
+            image_dir, mask_dir = root / "images" / split, root / "masks" / split
+            images = files_by_stem(image_dir)
+            stems = sorted(images)
+        elif (root / f"{split}.txt").is_file():
+            image_dir, mask_dir = self.require_dir(root / "images"), root / "masks"
+            images = files_by_stem(image_dir)
+            stems = (root / f"{split}.txt").read_text().split()
+            missing = [s for s in stems if s not in images]
+            if missing:
+                raise DataError(
+                    f"{root / f'{split}.txt'} lists {len(missing)} stem(s) with no image in {image_dir}: "
+                    f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}",
+                    root / f"{split}.txt",
+                )
+        else:
+            raise DataError(
+                f"dataset {self.name!r} at {root} has no split {split!r}: expected folder images/{split}/ "
+                f"or list {split}.txt",
+                root,
+            )
+        masks = files_by_stem(mask_dir)
+        return [
+            Sample(
+                images[s],
+                masks.get(s + self.mask_suffix, mask_dir / f"{s}{self.mask_suffix}.png"),
+                self.decoder,
+            )
+            for s in stems
+        ]
+
+
+CAMVID_CLASSES = (
+    [
+        "sky", "building", "pole", "road", "pavement", "tree", "sign_symbol", "fence", "car", "pedestrian",
+        "bicyclist",
+    ],
+    [
+        (128, 128, 128), (128, 0, 0), (192, 192, 128), (128, 64, 128), (60, 40, 222), (128, 128, 0),
+        (192, 128, 128), (64, 64, 128), (64, 0, 128), (64, 64, 0), (0, 128, 192),
+    ],
+)  # fmt: skip
+
+
+class CamVidLayout(FolderLayout):
+    """CamVid, 11-class SegNet version: images/<split>/*.png, masks/<split>/*.png (255 = void)."""
+
+    name = "camvid"
+    default_classes = CAMVID_CLASSES
+
+    def __init__(self, root: str | Path):
+        super().__init__(root)

@@ -1,0 +1,185 @@
+"""Albumentations pipelines: mmseg-style training augmentation and full-resolution (or short-side) eval.
+
+Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip → photometric distortion →
+Normalize → pad to the crop size (image 0, i.e. the mean colour after normalisation; mask ignore index).
+Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+from albumentations.augmentations.crops.transforms import BaseCrop
+from albumentations.core.transforms_interface import DualTransform
+
+from .labels import IGNORE_INDEX
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # of RGB / 255
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def as_hw(size: int | Sequence[int]) -> tuple[int, int]:
+    """(height, width) from an int (square) or a [height, width] pair."""
+    if isinstance(size, int):
+        return size, size
+    h, w = size
+    return int(h), int(w)
+
+
+class RandomResize(DualTransform):
+    """Keep-ratio rescale by a random factor from ``ratio_range`` (mmseg's Resize with ratio_range).
+
+    With ``base_size`` = (long, short) the image is fitted inside (long·r, short·r), as mmseg's
+    ``scale=(2048, 512)``; without it, r multiplies the image's own size.
+    """
+
+    def __init__(
+        self,
+        ratio_range: Sequence[float] = (0.5, 2.0),
+        base_size: Sequence[int] | None = None,
+        p: float = 1.0,
+    ):
+        super().__init__(p=p)
+        self.ratio_range = (float(ratio_range[0]), float(ratio_range[1]))
+        self.base_size = None if base_size is None else (max(base_size), min(base_size))
+
+    def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        h, w = params["shape"][:2]
+        ratio = self.py_random.uniform(*self.ratio_range)
+        if self.base_size is None:
+            factor = ratio
+        else:
+            long, short = self.base_size
+            factor = min(long * ratio / max(h, w), short * ratio / min(h, w))
+        return {"size": (max(1, round(h * factor)), max(1, round(w * factor)))}
+
+    def apply(self, img: np.ndarray, size: tuple[int, int], **params: Any) -> np.ndarray:
+        return cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+
+    def apply_to_mask(self, mask: np.ndarray, size: tuple[int, int], **params: Any) -> np.ndarray:
+        return cv2.resize(mask, (size[1], size[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def max_class_ratio(mask: np.ndarray, ignore_index: int = IGNORE_INDEX) -> float:
+    """Share of the most frequent class among labelled pixels; 1.0 when fewer than two classes are present."""
+    counts = np.bincount(mask.ravel(), minlength=256)
+    counts[ignore_index] = 0
+    if np.count_nonzero(counts) < 2:
+        return 1.0
+    return float(counts.max() / counts.sum())
+
+
+class CatMaxRatioCrop(BaseCrop):
+    """Random crop that avoids crops dominated by one class (mmseg's ``cat_max_ratio``).
+
+    Up to ``max_tries`` random windows; the first whose most frequent class covers less than
+    ``cat_max_ratio`` of the labelled pixels (with at least two classes) wins, else the try with the
+    smallest such share. The window is clipped to the image; padding happens later.
+    """
+
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        cat_max_ratio: float = 0.75,
+        ignore_index: int = IGNORE_INDEX,
+        max_tries: int = 10,
+        p: float = 1.0,
+    ):
+        super().__init__(p=p)
+        self.height, self.width = height, width
+        self.cat_max_ratio = cat_max_ratio
+        self.ignore_index = ignore_index
+        self.max_tries = max_tries
+
+    def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        H, W = params["shape"][:2]
+        h, w = min(self.height, H), min(self.width, W)
+        mask = data.get("mask")
+        check = mask is not None and self.cat_max_ratio < 1.0
+        best: tuple[float, tuple[int, int, int, int]] | None = None
+        for _ in range(self.max_tries if check else 1):
+            y, x = self.py_random.randint(0, H - h), self.py_random.randint(0, W - w)
+            coords = (x, y, x + w, y + h)
+            if not check:
+                return {"crop_coords": coords}
+            ratio = max_class_ratio(mask[y : y + h, x : x + w], self.ignore_index)
+            if ratio < self.cat_max_ratio:
+                return {"crop_coords": coords}
+            if best is None or ratio < best[0]:
+                best = (ratio, coords)
+        return {"crop_coords": best[1]}
+
+
+def build_train_transform(
+    crop_size: int | Sequence[int],
+    ratio_range: Sequence[float] = (0.5, 2.0),
+    base_size: Sequence[int] | None = None,
+    cat_max_ratio: float = 0.75,
+    hflip: float = 0.5,
+    photometric: bool = True,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    ignore_index: int = IGNORE_INDEX,
+) -> A.Compose:
+    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares)."""
+    h, w = as_hw(crop_size)
+    steps: list[Any] = []
+    if base_size is not None or tuple(ratio_range) != (1.0, 1.0):
+        steps.append(RandomResize(ratio_range, base_size))
+    steps.append(CatMaxRatioCrop(h, w, cat_max_ratio, ignore_index))
+    if hflip > 0:
+        steps.append(A.HorizontalFlip(p=hflip))
+    if photometric:
+        # mmseg PhotoMetricDistortion ranges: brightness ±32/255, contrast and saturation 0.5..1.5, hue ±18°
+        steps.append(A.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.1, p=0.5))
+    steps += [
+        A.Normalize(mean=tuple(mean), std=tuple(std)),
+        A.PadIfNeeded(
+            h, w, position="top_left", border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index
+        ),
+    ]
+    return A.Compose(steps)
+
+
+def build_eval_transform(
+    short_side: int | None = None,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> A.Compose:
+    """Validation/test pipeline: full resolution, or keep-ratio resize to ``short_side`` (mask nearest)."""
+    steps: list[Any] = []
+    if short_side is not None:
+        steps.append(A.SmallestMaxSize(max_size=short_side, interpolation=cv2.INTER_LINEAR))
+    steps.append(A.Normalize(mean=tuple(mean), std=tuple(std)))
+    return A.Compose(steps)
+
+
+def reseed_transform(dataset: Any, seed: int) -> None:
+    """Give the dataset's albumentations pipeline its own random stream (albumentations does not reseed
+    itself in DataLoader workers, so forked workers would otherwise repeat each other's augmentations)."""
+    transform = getattr(dataset, "transform", None)
+    if transform is not None and hasattr(transform, "set_random_seed"):
+        transform.set_random_seed(seed)
+
+
+def stream_seed(*entropy: int) -> int:
+    """A 32-bit seed mixing several integers (torch seed, rank) without collisions between them."""
+    return int(np.random.SeedSequence([int(e) % 2**64 for e in entropy]).generate_state(1)[0])
+
+
+class WorkerSeeder:
+    """DataLoader ``worker_init_fn``: seeds each worker's pipeline from its torch seed and the DDP rank."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+
+    def __call__(self, worker_id: int) -> None:
+        cv2.setNumThreads(0)  # workers are the parallelism; OpenCV threads would oversubscribe the cores
+        info = torch.utils.data.get_worker_info()
+        reseed_transform(info.dataset, stream_seed(torch.initial_seed(), self.rank))
