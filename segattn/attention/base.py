@@ -50,11 +50,14 @@ class AttentionBase(nn.Module):
     def check_tokens(self, x: Tensor, hw: HW) -> None:
         """Fail with a clear message when the token count does not match the (H, W) grid."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__}: expected x of shape [B, N, {self.dim}], got {list(x.shape)}")
+            raise ValueError(
+                f"{type(self).__name__}: expected x of shape [B, N, {self.dim}], got {list(x.shape)}"
+            )
         height, width = hw
         if x.shape[1] != height * width:
             raise ValueError(
-                f"{type(self).__name__}: x has N={x.shape[1]} tokens but hw={tuple(hw)} implies H*W={height * width}"
+                f"{type(self).__name__}: x has N={x.shape[1]} tokens but hw={tuple(hw)} "
+                f"implies H*W={height * width}"
             )
 
     def project(self, x: Tensor, hw: HW) -> tuple[Tensor, Tensor, Tensor]:

@@ -22,7 +22,8 @@ class EfficientAttention(AttentionBase):
         super().__init__(dim, num_heads, qkv_bias, proj_drop)
         if normalization not in EFFICIENT_NORMALIZATIONS:
             raise ValueError(
-                f"EfficientAttention: normalization={normalization!r}; expected one of {EFFICIENT_NORMALIZATIONS}"
+                f"EfficientAttention: normalization={normalization!r}; "
+                f"expected one of {EFFICIENT_NORMALIZATIONS}"
             )
         self.normalization = normalization
 

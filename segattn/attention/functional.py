@@ -67,7 +67,8 @@ def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "s
         q, k = q * n**-0.5, k * n**-0.5
     else:
         raise ValueError(
-            f"efficient_attention: normalization={normalization!r}; expected one of {EFFICIENT_NORMALIZATIONS}"
+            f"efficient_attention: normalization={normalization!r}; "
+            f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
     context = k.transpose(-2, -1) @ v  # [B, h, d, d]
     return q @ context
@@ -81,16 +82,16 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Ten
 
 
 @full_precision
-def linear_attention(
-    q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6
-) -> Tensor:
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6) -> Tensor:
     """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ."""
     if feature_map == "elu":
         phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
     elif feature_map == "relu":
         phi_q, phi_k = F.relu(q), F.relu(k)
     else:
-        raise ValueError(f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}")
+        raise ValueError(
+            f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
+        )
     return kernel_attention(phi_q, phi_k, v, eps)
 
 

@@ -22,7 +22,9 @@ class LinearAttention(AttentionBase):
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, proj_drop)
         if feature_map not in LINEAR_FEATURE_MAPS:
-            raise ValueError(f"LinearAttention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}")
+            raise ValueError(
+                f"LinearAttention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
+            )
         self.feature_map = feature_map
         self.eps = eps
 

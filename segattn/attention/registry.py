@@ -48,5 +48,7 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> Atte
     allowed = attention_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"attention {name!r} has no option(s) {unknown}; its options are: {', '.join(allowed)}")
+        raise ValueError(
+            f"attention {name!r} has no option(s) {unknown}; its options are: {', '.join(allowed)}"
+        )
     return cls(dim, num_heads, **options)
