@@ -112,11 +112,13 @@ def focused_feature_map(x: Tensor, p: float = 3.0) -> Tensor:
     """FLatten's focusing function f_p(x) = ‖x‖ · x^p / ‖x^p‖ over the last (channel) dim of [B, N, C].
 
     Expects x > 0 (FLatten applies relu + 1e-6 first); keeps each token's norm and sharpens its direction.
-    Computed in fp32 under autocast; returns the input dtype.
+    The power is taken of x / max(x), which leaves f_p unchanged but keeps ‖x^p‖ ≥ 1: no 0/0 for tiny
+    tokens (all channels ≤ 0 before relu) and no overflow for large x or p. fp32 under autocast; returns
+    the input dtype.
     """
     dtype = x.dtype
     x = _upcast(x)
-    x_pow = x**p
+    x_pow = (x / x.amax(dim=-1, keepdim=True)) ** p
     out = x_pow * (x.norm(dim=-1, keepdim=True) / x_pow.norm(dim=-1, keepdim=True))
     return out.to(dtype)
 
