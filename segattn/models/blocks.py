@@ -1,0 +1,142 @@
+"""Transformer pieces shared by the ViT and PVT encoders and the UNet decoder; the grid size travels as hw.
+
+A block receives the attention module to use (built from the zoo by the caller), so every encoder runs
+every attention variant. Parameter names follow timm (``norm1``, ``attn``, ``norm2``, ``mlp.fc1``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from segattn.attention import AttentionBase, attention_options, build_attention
+from segattn.attention.base import HW, from_grid, to_grid
+
+LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """An attention variant chosen by name; ``spec(dim, num_heads)`` builds one module per block."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, dim: int, num_heads: int, **extra: Any) -> AttentionBase:
+        return build_attention(self.name, dim, num_heads, **self.options, **extra)
+
+    def accepts(self, option: str) -> bool:
+        """Whether the variant's constructor takes ``option`` (e.g. PVT's ``sr_ratio``)."""
+        return option in attention_options(self.name)
+
+
+class TokenMlp(Mlp):
+    """timm's per-token Mlp (``fc1``, ``act``, ``fc2``) with the block's ``(x, hw)`` call; hw is unused."""
+
+    def forward(self, x: Tensor, hw: HW) -> Tensor:
+        return super().forward(x)
+
+
+class MixFFN(nn.Module):
+    """SegFormer/PVTv2 Mix-FFN: fc1 → 3×3 depthwise conv on the token grid → GELU → fc2.
+
+    The depthwise conv gives position information at any resolution. Names match timm's
+    ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor, hw: HW) -> Tensor:
+        x = from_grid(self.dwconv(to_grid(self.fc1(x), hw)))  # [B, N, hidden]
+        return self.drop(self.fc2(self.drop(self.act(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw).
+
+    ``grad_checkpointing`` recomputes the block in backward (non-reentrant, so it works under DDP and
+    with inputs that do not require grad). ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        attn: nn.Module,
+        mlp: nn.Module,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_layer: Callable[[int], nn.Module] = LayerNorm,
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = mlp
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, hw: HW) -> Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self.residual_branches, x, hw, use_reentrant=False)
+        return self.residual_branches(x, hw)
+
+    def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), hw)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x), hw)))
+
+
+def set_block_checkpointing(module: nn.Module, enable: bool) -> None:
+    """Switch per-block gradient checkpointing for every ``Block`` inside ``module``."""
+    for m in module.modules():
+        if isinstance(m, Block):
+            m.grad_checkpointing = enable
+
+
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic-depth rates rising linearly from 0 to ``rate`` over ``depth`` blocks."""
+    return [rate * i / (depth - 1) for i in range(depth)] if depth > 1 else [0.0] * depth
+
+
+def init_weights(module: nn.Module) -> None:
+    """timm/PVTv2 init, recursively: Linear trunc-normal(0.02) with zero bias, Conv2d normal(0, √(2/fan_out)).
+
+    Inside an attention module only the timm-shared ``qkv`` and ``proj`` are touched; a variant's own
+    parameters (Linformer's projections, FLatten's depthwise conv, ...) keep the variant's initialisation.
+    """
+    if isinstance(module, AttentionBase):
+        init_layer(module.qkv)
+        init_layer(module.proj)
+        return
+    init_layer(module)
+    for child in module.children():
+        init_weights(child)
+
+
+def init_layer(module: nn.Module) -> None:
+    """Initialise one Linear or Conv2d in place (other modules keep their defaults)."""
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Conv2d):
+        fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
+        nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

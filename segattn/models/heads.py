@@ -1,0 +1,95 @@
+"""Segmentation heads: encoder features (list of [B, C_i, H_i, W_i], shallow to deep) → class logits.
+
+Each head returns logits at its own stride; the Segmentor resizes them to the input. ``channels`` is the
+hidden width of heads that have one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from timm.layers import ConvNormAct
+from torch import Tensor, nn
+
+
+class LinearHead(nn.Module):
+    """Segmenter's linear decoder: a 1×1 conv classifier on the deepest feature map."""
+
+    def __init__(self, in_channels: list[int], num_classes: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.dropout = nn.Dropout2d(dropout)
+        self.classifier = nn.Conv2d(in_channels[-1], num_classes, 1)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        return self.classifier(self.dropout(features[-1]))
+
+
+class PUPHead(nn.Module):
+    """SETR progressive upsampling: on the deepest map, log2(stride) rounds of 3×3 conv-BN-ReLU + 2×
+    bilinear upsampling, then a 1×1 classifier near full resolution (Zheng et al. 2021, arXiv 2012.15840)."""
+
+    def __init__(
+        self,
+        in_channels: list[int],
+        in_strides: list[int],
+        num_classes: int,
+        channels: int = 256,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        rounds = max(1, round(math.log2(in_strides[-1])))
+        self.convs = nn.ModuleList(
+            ConvNormAct(in_channels[-1] if i == 0 else channels, channels, 3) for i in range(rounds)
+        )
+        self.dropout = nn.Dropout2d(dropout)
+        self.classifier = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        x = features[-1]
+        for conv in self.convs:
+            x = F.interpolate(conv(x), scale_factor=2.0, mode="bilinear", align_corners=False)
+        return self.classifier(self.dropout(x))
+
+
+class MLPHead(nn.Module):
+    """SegFormer all-MLP decoder: per-level linear projection to ``channels``, upsampling to the shallowest
+    level, concatenation, 1×1 conv-BN-ReLU fusion, 1×1 classifier (Xie et al. 2021, arXiv 2105.15203)."""
+
+    def __init__(
+        self, in_channels: list[int], num_classes: int, channels: int = 256, dropout: float = 0.1
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.proj = nn.ModuleList(nn.Conv2d(c, channels, 1) for c in in_channels)
+        self.fuse = ConvNormAct(channels * len(in_channels), channels, 1)
+        self.dropout = nn.Dropout2d(dropout)
+        self.classifier = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        size = features[0].shape[-2:]
+        x = [
+            F.interpolate(proj(f), size=size, mode="bilinear", align_corners=False)
+            for proj, f in zip(self.proj, features, strict=True)
+        ]
+        return self.classifier(self.dropout(self.fuse(torch.cat(x, dim=1))))
+
+
+class FCNHead(nn.Module):
+    """Auxiliary FCN head on one level (the second deepest): 3×3 conv-BN-ReLU, dropout, 1×1 classifier."""
+
+    def __init__(
+        self, in_channels: list[int], num_classes: int, channels: int = 256, dropout: float = 0.1
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.level = -2 if len(in_channels) > 1 else -1
+        self.conv = ConvNormAct(in_channels[self.level], channels, 3)
+        self.dropout = nn.Dropout2d(dropout)
+        self.classifier = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        return self.classifier(self.dropout(self.conv(features[self.level])))

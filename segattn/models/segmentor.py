@@ -1,0 +1,110 @@
+"""Segmentor: encoder features → head logits at the input resolution, plus the protocol the trainer uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .blocks import set_block_checkpointing
+from .encoder import Encoder
+
+
+class Segmentor(nn.Module):
+    """Image [B, 3, H, W] → logits [B, K, H, W] for any H, W.
+
+    The image is zero-padded on the right/bottom to a multiple of the encoder's ``stride``; logits are
+    upsampled bilinearly to the padded size and cropped back. ``config`` holds the ``build_model`` kwargs
+    that rebuild this model.
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        head: nn.Module,
+        aux_head: nn.Module | None = None,
+        aux_weight: float = 0.0,
+        head_lr_mult: float = 1.0,
+        layer_decay: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.aux_head = aux_head
+        self.aux_weight = float(aux_weight) if aux_head is not None else 0.0
+        self.head_lr_mult = head_lr_mult
+        self.layer_decay = layer_decay
+        self.num_classes: int = head.num_classes
+        self.config: dict[str, Any] = {}
+
+    @property
+    def stride(self) -> int:
+        """Inputs are padded to a multiple of this inside ``forward``."""
+        return self.encoder.stride
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self._segment(images, with_aux=False)[0]
+
+    def forward_with_aux(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Main logits and auxiliary-head logits (None without an aux head), both at input resolution."""
+        return self._segment(images, with_aux=True)
+
+    def _segment(self, images: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
+        height, width = images.shape[-2:]
+        padded = F.pad(images, (0, (-width) % self.stride, 0, (-height) % self.stride))
+        features = self.encoder(padded)
+        logits = self._to_input_size(self.head(features), padded, height, width)
+        if not with_aux or self.aux_head is None:
+            return logits, None
+        return logits, self._to_input_size(self.aux_head(features), padded, height, width)
+
+    @staticmethod
+    def _to_input_size(logits: Tensor, padded: Tensor, height: int, width: int) -> Tensor:
+        if logits.shape[-2:] != padded.shape[-2:]:
+            logits = F.interpolate(logits, size=padded.shape[-2:], mode="bilinear", align_corners=False)
+        return logits[..., :height, :width]
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each transformer block (and timm CNN stage) in backward instead of storing it."""
+        self.encoder.set_grad_checkpointing(enable)
+        set_block_checkpointing(self.head, enable)
+
+    def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """AdamW parameter groups.
+
+        No weight decay on 1-D parameters (norms, biases, FLatten's ``scale``, LayerScale) and on the
+        encoder's ``no_weight_decay()`` names (position embeddings). Head and auxiliary head train at
+        ``lr · head_lr_mult``; with ``layer_decay`` the encoder parameter at depth l of L trains at
+        ``lr · layer_decay^(L − l)``. Each group carries its ``lr_scale`` for schedulers.
+        """
+        no_decay = {f"encoder.{name}" for name in self.encoder.no_weight_decay()}
+        groups: dict[str, dict[str, Any]] = {}
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+            decay = param.ndim > 1 and name not in no_decay
+            if name.startswith("encoder."):
+                if self.layer_decay is None:
+                    key, scale = "encoder", 1.0
+                else:
+                    layer = self.encoder.layer_id(name.removeprefix("encoder."))
+                    key, scale = (
+                        f"encoder.layer{layer}",
+                        self.layer_decay ** (self.encoder.num_layers - layer),
+                    )
+            else:
+                key, scale = "head", self.head_lr_mult
+            key = f"{key}.{'decay' if decay else 'no_decay'}"
+            group = groups.setdefault(
+                key,
+                {
+                    "name": key,
+                    "params": [],
+                    "lr": lr * scale,
+                    "lr_scale": scale,
+                    "weight_decay": weight_decay if decay else 0.0,
+                },
+            )
+            group["params"].append(param)
+        return list(groups.values())
