@@ -10,6 +10,15 @@ from .functional import (
     softmax_attention,
     taylor_attention,
 )
+from .functional_approx import (
+    iterative_pinv,
+    linformer_attention,
+    nystrom_attention,
+    orthogonal_random_features,
+    performer_attention,
+    positive_random_features,
+    segment_means,
+)
 from .registry import (
     ATTENTION_REGISTRY,
     attention_class,
@@ -28,8 +37,15 @@ __all__ = [
     "efficient_attention",
     "focused_feature_map",
     "focused_linear_attention",
+    "iterative_pinv",
     "kernel_attention",
     "linear_attention",
+    "linformer_attention",
+    "nystrom_attention",
+    "orthogonal_random_features",
+    "performer_attention",
+    "positive_random_features",
+    "segment_means",
     "softmax_attention",
     "taylor_attention",
 ]

@@ -9,7 +9,11 @@ from .base import AttentionBase
 from .efficient import EfficientAttention
 from .flatten import FocusedLinearAttention
 from .linear import LinearAttention
+from .linformer import LinformerAttention
+from .nystrom import NystromAttention
+from .performer import PerformerAttention
 from .softmax import SoftmaxAttention
+from .sra import SpatialReductionAttention
 from .taylor import TaylorAttention
 
 ATTENTION_REGISTRY: dict[str, type[AttentionBase]] = {
@@ -18,6 +22,10 @@ ATTENTION_REGISTRY: dict[str, type[AttentionBase]] = {
     "linear": LinearAttention,
     "taylor": TaylorAttention,
     "flatten": FocusedLinearAttention,
+    "performer": PerformerAttention,
+    "linformer": LinformerAttention,
+    "nystrom": NystromAttention,
+    "sra": SpatialReductionAttention,
 }
 
 

@@ -1,0 +1,69 @@
+"""Performer: FAVOR+ positive orthogonal random features (Choromanski et al. 2020, arXiv 2009.14794)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import HW, AttentionBase
+from .functional_approx import default_num_features, orthogonal_random_features, performer_attention
+
+
+class PerformerAttention(AttentionBase):
+    """Kernel attention whose random features estimate the softmax kernel without bias.
+
+    The projection ω [num_features, d] is a buffer (saved in the state_dict, shared by the heads). In
+    training it is redrawn every ``redraw_interval`` forward calls (0 = never; a recomputed forward under
+    gradient checkpointing counts as a call); eval and export always use the stored one. Draws come from
+    a per-module seed taken from the global RNG at construction, so DDP ranks seeded alike redraw alike.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        num_features: int | None = None,
+        redraw_interval: int = 1000,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, proj_drop)
+        num_features = default_num_features(self.head_dim) if num_features is None else num_features
+        if num_features < 1:
+            raise ValueError(f"PerformerAttention: num_features={num_features}; expected an integer >= 1")
+        if redraw_interval < 0:
+            raise ValueError(
+                f"PerformerAttention: redraw_interval={redraw_interval}; expected >= 0 (0 = never)"
+            )
+        self.num_features = num_features
+        self.redraw_interval = redraw_interval
+        self.eps = eps
+        self.seed = int(torch.randint(2**62, ()).item())
+        self.num_draws = 0
+        self.training_calls = 0
+        self.register_buffer("projection", self.draw_projection())
+
+    def draw_projection(self) -> Tensor:
+        """The next orthogonal random projection [num_features, d] of this module's seed sequence."""
+        generator = torch.Generator().manual_seed(self.seed + self.num_draws)
+        self.num_draws += 1
+        return orthogonal_random_features(self.num_features, self.head_dim, generator)
+
+    @torch.compiler.disable
+    def step_redraw_schedule(self) -> None:
+        """Count a training call and redraw the projection in place at every ``redraw_interval``-th one."""
+        if self.training_calls > 0 and self.training_calls % self.redraw_interval == 0:
+            self.projection.copy_(self.draw_projection())
+        self.training_calls += 1
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
+        if self.training and self.redraw_interval > 0:
+            self.step_redraw_schedule()
+        return performer_attention(q, k, v, self.projection, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, num_features={self.num_features}, "
+            f"redraw_interval={self.redraw_interval}"
+        )
