@@ -28,10 +28,23 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose_data_config(overrides: Sequence[str]) -> dict[str, Any]:
-    """``cfg.data`` as plain SegDataModule kwargs, composed from conf/train.yaml like a training run."""
+    """``cfg.data`` as plain SegDataModule kwargs, composed from the same conf/data and conf/paths files as
+    a training run. Only ``data``/``paths`` overrides matter here; others are reported and skipped, so
+    the doctor runs even when other config groups are broken or missing."""
+    groups = {"data": "synthetic", "paths": "default"}
+    rest = []
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key in groups:
+            groups[key] = value
+        elif key.split(".")[0] in groups:
+            rest.append(override)
+        else:
+            print(f"data doctor: ignoring {override!r} (only data and paths settings apply)", file=sys.stderr)
     register_resolvers()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+        group_overrides = [f"+{key}={value}" for key, value in groups.items()]
+        cfg = compose(overrides=group_overrides + rest, return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)  # lets ${repo_root:} and ${hydra:...} resolve
         return OmegaConf.to_container(cfg.data, resolve=True)
 

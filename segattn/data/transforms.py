@@ -2,7 +2,9 @@
 
 Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip → photometric distortion →
 Normalize → pad to the crop size (image 0, i.e. the mean colour after normalisation; mask ignore index).
-Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values.
+Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values;
+OpenCV's INTER_NEAREST_EXACT samples at pixel centres like INTER_LINEAR (plain INTER_NEAREST is shifted by
+up to half a source pixel, which misaligns masks when downscaling).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class RandomResize(DualTransform):
         return cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
 
     def apply_to_mask(self, mask: np.ndarray, size: tuple[int, int], **params: Any) -> np.ndarray:
-        return cv2.resize(mask, (size[1], size[0]), interpolation=cv2.INTER_NEAREST)
+        return cv2.resize(mask, (size[1], size[0]), interpolation=cv2.INTER_NEAREST_EXACT)
 
 
 def max_class_ratio(mask: np.ndarray, ignore_index: int = IGNORE_INDEX) -> float:
@@ -155,7 +157,13 @@ def build_eval_transform(
     """Validation/test pipeline: full resolution, or keep-ratio resize to ``short_side`` (mask nearest)."""
     steps: list[Any] = []
     if short_side is not None:
-        steps.append(A.SmallestMaxSize(max_size=short_side, interpolation=cv2.INTER_LINEAR))
+        steps.append(
+            A.SmallestMaxSize(
+                max_size=short_side,
+                interpolation=cv2.INTER_LINEAR,
+                mask_interpolation=cv2.INTER_NEAREST_EXACT,
+            )
+        )
     steps.append(A.Normalize(mean=tuple(mean), std=tuple(std)))
     return A.Compose(steps)
 
