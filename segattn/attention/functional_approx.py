@@ -30,11 +30,13 @@ def orthogonal_random_features(
     """[num_features, dim] projection ω for FAVOR+: rows orthogonal within blocks of ``dim``, each row
     rescaled by an independent χ(dim) norm so that every row is marginally N(0, I) (drawn on the CPU)."""
     num_blocks = -(-num_features // dim)
-    gaussian = torch.randn(num_blocks, dim, dim, generator=generator, dtype=dtype)
+    gaussian = torch.randn(num_blocks, dim, dim, generator=generator, dtype=dtype, device="cpu")
     q, r = torch.linalg.qr(gaussian)
     q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar-distributed blocks
     rows = q.transpose(-2, -1).reshape(num_blocks * dim, dim)[:num_features]
-    norms = torch.randn(num_features, dim, generator=generator, dtype=dtype).norm(dim=-1, keepdim=True)
+    norms = torch.randn(num_features, dim, generator=generator, dtype=dtype, device="cpu").norm(
+        dim=-1, keepdim=True
+    )
     return rows * norms
 
 

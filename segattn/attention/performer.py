@@ -39,10 +39,10 @@ class PerformerAttention(AttentionBase):
         self.num_features = num_features
         self.redraw_interval = redraw_interval
         self.eps = eps
-        self.seed = int(torch.randint(2**62, ()).item())
+        self.seed = int(torch.randint(2**62, (), device="cpu"))
         self.num_draws = 0
         self.training_calls = 0
-        self.register_buffer("projection", self.draw_projection())
+        self.register_buffer("projection", self.draw_projection().to(self.qkv.weight.device))
 
     def draw_projection(self) -> Tensor:
         """The next orthogonal random projection [num_features, d] of this module's seed sequence."""
