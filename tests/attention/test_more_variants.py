@@ -183,12 +183,22 @@ def test_registered_config_builds_and_flags(name: str) -> None:
     assert (cls.onnx_dynamic, cls.torchscript, cls.compilable, cls.quadratic) == FLAGS[name]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_equals_explicit_reference_on_non_square_grid(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("performer", {"eps": 0.0}),  # the reference is the unstabilised ratio without eps
+        ("linformer", {}),
+        ("linformer", {"share_kv": False}),
+        ("nystrom", {}),
+        ("nystrom", {"conv_kernel": 0, "num_landmarks": 30}),  # no conv; 240 = 30 segments of 8, no pad
+        ("sra", {}),
+        ("sra", {"sr_ratio": 3}),  # 12×20 is not a multiple of 3 in W: the conv drops the last column
+    ],
+)
+def test_equals_explicit_reference_on_non_square_grid(name: str, extra: dict[str, Any]) -> None:
     torch.manual_seed(0)
     hw = (12, 20)
-    options = {**OPTIONS[name], **({"eps": 0.0} if name == "performer" else {})}
-    module = randomise(build_attention(name, 32, 2, **options)).double().eval()
+    module = randomise(build_attention(name, 32, 2, **{**OPTIONS[name], **extra})).double().eval()
     x = torch.randn(2, hw[0] * hw[1], 32, dtype=torch.float64)
     expected = REFERENCES[name](module, x, hw)
     assert (module(x, hw) - expected).abs().max() <= 1e-10 * expected.abs().max()
