@@ -1,0 +1,187 @@
+"""``python -m segattn.bench {op,model,maxres,all} [--smoke] [--out DIR]``: see ``--help`` of each part.
+
+Defaults depend on the device (CPU grids are smaller); ``--smoke`` shrinks everything to seconds for CI.
+Results go to ``bench_results/<timestamp>/`` (git-ignored) unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attention import available_attention
+from . import report
+from .specs import parse_count, parse_spec
+
+# Per part and device kind ("smoke" for --smoke): the defaults of every option left unset.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "op": {
+        "smoke": {"sizes": ["256", "1k"], "repeats": 2, "config_seconds": 1.0, "max_call_seconds": 5.0},
+        "cpu": {"sizes": ["1k", "4k", "16k", "64k", "256k"], "repeats": 5, "config_seconds": 20.0}
+        | {"max_call_seconds": 60.0},
+        "cuda": {"sizes": ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k", "256k"], "repeats": 20}
+        | {"config_seconds": 2.0, "max_call_seconds": 10.0},
+    },
+    "model": {
+        "smoke": {"image_sizes": [64], "repeats": 1, "dtypes": ["fp32"], "max_step_seconds": 30.0},
+        "cpu": {"image_sizes": [256, 512, 1024], "repeats": 3, "dtypes": ["fp32"], "max_step_seconds": 300.0},
+        "cuda": {"image_sizes": [256, 512, 1024, 2048], "repeats": 10, "dtypes": ["bf16"]}
+        | {"max_step_seconds": 30.0},
+    },
+    "maxres": {
+        "smoke": {"start": 64, "step": 32, "max_size": 64, "budget_gib": 2.0, "probe_timeout": 120.0},
+        "cpu": {"start": 512, "step": 128, "max_size": 8192, "budget_gib": None, "probe_timeout": 900.0},
+        "cuda": {"start": 1024, "step": 128, "max_size": 16384, "budget_gib": None, "probe_timeout": 600.0},
+    },
+}
+
+
+def preset(args: argparse.Namespace, part: str, device: torch.device) -> dict[str, Any]:
+    """The preset for ``part`` with every option the user set on the command line laid over it."""
+    values = dict(PRESETS[part]["smoke" if args.smoke else device.type])
+    values.update({key: value for key, value in vars(args).items() if value is not None})
+    return values
+
+
+def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+    from .op import OpSettings, run
+
+    values = preset(args, "op", device)
+    settings = OpSettings(
+        variants=[parse_spec(text) for text in values.get("variants") or available_attention()],
+        sizes=[parse_count(text) for text in values["sizes"]],
+        dtypes=values.get("dtypes") or ["fp32", "bf16"],
+        modes=values.get("modes") or ["fwd", "fwdbwd"],
+        batch=values.get("batch", 1),
+        dim=values.get("dim", 64),
+        heads=values.get("heads", 2),
+        repeats=values["repeats"],
+        warmup=values.get("warmup", 1),
+        config_seconds=values["config_seconds"],
+        max_call_seconds=values["max_call_seconds"],
+        memory=not args.no_memory,
+    )
+    run(settings, device, out_dir)
+
+
+def run_model(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+    from .model import ModelSettings, default_models, default_variants, run
+
+    values = preset(args, "model", device)
+    variants = values.get("variants") or (default_variants(smoke=True) if args.smoke else None)
+    settings = ModelSettings(
+        models=[parse_spec(text) for text in values.get("models") or default_models(args.smoke)],
+        variants=[parse_spec(text) for text in variants] if variants else None,
+        image_sizes=values["image_sizes"],
+        dtypes=values["dtypes"],
+        batch=values.get("batch", 1),
+        repeats=values["repeats"],
+        max_step_seconds=values["max_step_seconds"],
+        memory=not args.no_memory,
+    )
+    run(settings, device, out_dir)
+
+
+def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+    from .maxres import MaxresSettings, default_models, default_variants, run
+
+    values = preset(args, "maxres", device)
+    settings = MaxresSettings(
+        models=[parse_spec(text) for text in values.get("models") or default_models(args.smoke)],
+        variants=[parse_spec(text) for text in values.get("variants") or default_variants(args.smoke)],
+        budget_bytes=int(values["budget_gib"] * (1 << 30)) if values.get("budget_gib") else None,
+        checkpointing={"off": [False], "on": [True], "both": [False, True]}[
+            values.get("checkpointing", "both")
+        ],
+        start=values["start"],
+        step=values["step"],
+        max_size=values["max_size"],
+        probe_timeout=values["probe_timeout"],
+        dtype=values.get("dtype") or ("bf16" if device.type == "cuda" else "fp32"),
+        extrapolate_gib=values.get("extrapolate_gib", 24.0),
+    )
+    run(settings, device, out_dir)
+
+
+def common_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--smoke", action="store_true", help="tiny sizes that finish in seconds (CI)")
+    common.add_argument("--out", type=Path, help="run directory (default bench_results/<timestamp>/)")
+    common.add_argument("--device", help="cpu or cuda[:i] (default: cuda when available)")
+    common.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    common.add_argument("--variants", nargs="+", help="attention specs, e.g. flatten linear:feature_map=relu")
+    common.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    return common
+
+
+def add_op_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("op")
+    group.add_argument("--sizes", nargs="+", help="token counts, e.g. 1k 4k 64k")
+    group.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16", "fp16"])
+    group.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"])
+    group.add_argument("--batch", type=int)
+    group.add_argument("--dim", type=int, help="channels C (default 64)")
+    group.add_argument("--heads", type=int, help="heads (default 2, i.e. head dim 32)")
+    group.add_argument("--repeats", type=int, help="timed repeats after warm-up (median reported)")
+    group.add_argument("--warmup", type=int)
+    group.add_argument(
+        "--config-seconds", type=float, help="fewer repeats for calls slower than this / repeats"
+    )
+    group.add_argument(
+        "--max-call-seconds", type=float, help="skip sizes predicted slower than this per call"
+    )
+
+
+def add_model_options(parser: argparse.ArgumentParser, maxres: bool) -> None:
+    group = parser.add_argument_group("maxres" if maxres else "model")
+    group.add_argument("--models", nargs="+", help="model specs, e.g. pvt:size=b0 vit:size=small")
+    if maxres:
+        group.add_argument("--budget-gib", type=float, help="memory budget (default 80%% of free RAM / GPU)")
+        group.add_argument("--checkpointing", choices=["off", "on", "both"])
+        group.add_argument("--start", type=int, help="first probe size (pixels per side)")
+        group.add_argument("--step", type=int, help="resolution of the search (sizes are multiples of it)")
+        group.add_argument("--max-size", type=int, help="stop searching above this size")
+        group.add_argument("--probe-timeout", type=float, help="seconds before a probe counts as too slow")
+        group.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
+        group.add_argument("--extrapolate-gib", type=float, help="also predict the maxres for this budget")
+    else:
+        group.add_argument("--image-sizes", nargs="+", type=int, help="square image sizes, e.g. 256 512 1024")
+        group.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16", "fp16"])
+        group.add_argument("--batch", type=int)
+        group.add_argument("--repeats", type=int)
+        group.add_argument("--max-step-seconds", type=float, help="skip sizes predicted slower than this")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m segattn.bench", description=__doc__)
+    parts = parser.add_subparsers(dest="part", required=True)
+    common = common_parser()
+    add_op_options(parts.add_parser("op", parents=[common], help="attention ops vs the memory-traffic floor"))
+    add_model_options(parts.add_parser("model", parents=[common], help="full training steps"), maxres=False)
+    add_model_options(
+        parts.add_parser("maxres", parents=[common], help="largest trainable image"), maxres=True
+    )
+    parts.add_parser("all", parents=[common], help="op, model and maxres with their defaults")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_environment(out_dir, report.environment(device))
+    runners = {"op": run_op, "model": run_model, "maxres": run_maxres}
+    for part in runners if args.part == "all" else [args.part]:
+        runners[part](args, device, out_dir)
+    report.console.print(f"[bold]results:[/] {out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""``bench maxres``: the largest square image that trains at batch 1 within a memory budget.
+
+Each probe is one training step (as in ``bench model``) in a fresh child whose allocations are capped a
+little above the budget, so an oversized probe fails with an allocation error instead of starving the
+machine. A probe fits when it finishes and its peak memory (weights, optimizer state, activations) is
+within the budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``.
+The peaks of the fitting probes also give a linear fit (bytes = a + b·pixels) that predicts the maxres
+for a larger budget than this machine has (``--extrapolate-gib``), reported as an extrapolation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .measure import Emit, PeakMemory, fix_malloc, guard_memory, run_isolated, time_call, total_memory_budget
+from .model import TrainStep, build_kwargs
+from .report import Panel, format_bytes, plot_panels, print_table, write_csv
+from .specs import Spec
+
+
+@dataclass
+class MaxresSettings:
+    models: list[Spec]
+    variants: list[Spec]
+    budget_bytes: int | None  # None: 80% of free RAM / GPU memory
+    checkpointing: list[bool]
+    start: int = 512
+    step: int = 128
+    max_size: int = 8192
+    probe_timeout: float = 900.0
+    dtype: str = "fp32"
+    extrapolate_gib: float | None = 24.0
+
+
+def default_models(smoke: bool) -> list[str]:
+    return ["pvt:size=b0"] if smoke else ["pvt:size=b0", "vit:size=small"]
+
+
+def default_variants(smoke: bool) -> list[str]:
+    return ["flatten"] if smoke else ["softmax", "efficient", "linear", "taylor", "flatten"]
+
+
+def probe_child(task: dict[str, Any], emit: Emit) -> None:
+    """Child process: one training step at ``task['size']`` under a memory guard; emits its peak."""
+    fix_malloc()
+    device = torch.device(task["device"])
+    guard_memory(device, task["budget"])
+    with PeakMemory(device) as peak:
+        step = TrainStep(task["kwargs"], task["size"], 1, task["dtype"], device, task["checkpointing"])
+        seconds = time_call(step, device)
+        del step
+    emit({"status": "ok", "peak_bytes": peak.peak, "seconds": seconds})
+
+
+def search(fits: Callable[[int], bool], start: int, step: int, max_size: int) -> int:
+    """Largest multiple of ``step`` ≤ ``max_size`` for which ``fits`` holds (0 if none), assuming that
+    whatever fits at a size also fits at every smaller one: double from ``start``, then bisect."""
+    max_size = max_size // step * step
+    good, size = 0, min(max(step, start // step * step), max_size)
+    while fits(size):
+        good = size
+        if size >= max_size:
+            return good
+        size = min(2 * size, max_size)
+    bad = size
+    while good == 0:
+        size = bad // 2 // step * step
+        if size < step:
+            return 0
+        if fits(size):
+            good = size
+        else:
+            bad = size
+    while bad - good > step:
+        middle = (good + bad) // 2 // step * step
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def probe(task: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one probe child and classify it: fits, over budget, oom, timeout, error or killed."""
+    messages, ending = run_isolated(probe_child, task, timeout)
+    result = messages[-1] if messages else {"status": ending}
+    row = {"size": task["size"], "checkpointing": task["checkpointing"], "status": result["status"]}
+    row |= {
+        "peak_bytes": result.get("peak_bytes"),
+        "seconds": result.get("seconds"),
+        "note": result.get("error", ""),
+    }
+    if row["status"] == "ok" and row["peak_bytes"] > task["budget"]:
+        row["status"] = "over budget"
+    row["fits"] = row["status"] == "ok"
+    return row
+
+
+def extrapolate(history: list[dict[str, Any]], budget: int, step: int) -> int | None:
+    """Size at which the least-squares line bytes = a + b·size² through the fitting probes hits ``budget``."""
+    points = [(row["size"] ** 2, row["peak_bytes"]) for row in history if row["fits"]]
+    if len({pixels for pixels, _ in points}) < 2:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    if slope <= 0:
+        return None
+    pixels = (budget - (mean_y - slope * mean_x)) / slope
+    return int(math.sqrt(pixels)) // step * step if pixels > 0 else 0
+
+
+def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
+    budget = settings.budget_bytes or total_memory_budget(device)
+    rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+    for model in settings.models:
+        for variant in settings.variants:
+            for checkpointing in settings.checkpointing:
+                task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
+                task |= {"dtype": settings.dtype, "checkpointing": checkpointing}
+                history: list[dict[str, Any]] = []
+
+                def fits(
+                    size: int, task: dict[str, Any] = task, history: list[dict[str, Any]] = history
+                ) -> bool:
+                    history.append(probe({**task, "size": size}, settings.probe_timeout))
+                    return history[-1]["fits"]
+
+                best = search(fits, settings.start, settings.step, settings.max_size)
+                failures = sorted((r for r in history if not r["fits"]), key=lambda r: r["size"])
+                limited_by = failures[0]["status"] if failures else "max size"
+                row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing}
+                row |= {
+                    "maxres": best,
+                    "limited_by": limited_by,
+                    "budget_bytes": budget,
+                    "probes": len(history),
+                }
+                if settings.extrapolate_gib:
+                    target = int(settings.extrapolate_gib * (1 << 30))
+                    row[f"extrapolated_{settings.extrapolate_gib:g}gib"] = extrapolate(
+                        history, target, settings.step
+                    )
+                rows.append(row)
+                probes += [{"model": model.label, "variant": variant.label} | r for r in history]
+    report(rows, probes, settings, budget, out_dir)
+    return rows
+
+
+def report(
+    rows: list[dict[str, Any]],
+    probes: list[dict[str, Any]],
+    settings: MaxresSettings,
+    budget: int,
+    out_dir: Path,
+) -> None:
+    write_csv(out_dir / "maxres.csv", rows)
+    write_csv(out_dir / "maxres_probes.csv", probes)
+    extra = f"extrapolated_{settings.extrapolate_gib:g}gib" if settings.extrapolate_gib else None
+    columns = [f"{m.label}{', ckpt' if c else ''}" for m in settings.models for c in settings.checkpointing]
+    table = []
+    for variant in settings.variants:
+        line = [variant.label]
+        for model in settings.models:
+            for checkpointing in settings.checkpointing:
+                row = next(
+                    r
+                    for r in rows
+                    if (r["model"], r["variant"], r["checkpointing"])
+                    == (model.label, variant.label, checkpointing)
+                )
+                text = f"{row['maxres']}² ({row['limited_by']}, {row['probes']} probes)"
+                if extra and row[extra] is not None:
+                    text += f"\n≈{row[extra]}² at {settings.extrapolate_gib:g} GiB"
+                line.append(text)
+        table.append(line)
+    caption = (
+        f"largest square image training at batch 1 ({settings.dtype}) within {format_bytes(budget)}, "
+        f"bisection on multiples of {settings.step} up to {settings.max_size}; '≈' lines extrapolate the "
+        "probes' peaks linearly in pixels. Probe history: maxres_probes.csv"
+    )
+    print_table("maxres", ["variant", *columns], table, caption)
+    panels = []
+    for model in settings.models:
+        panel = Panel(f"maxres probes, {model.label}", "image side (pixels)", "peak bytes", hline=budget)
+        for r in probes:
+            if r["model"] == model.label and r["peak_bytes"]:
+                label = f"{r['variant']}{', ckpt' if r['checkpointing'] else ''}"
+                panel.add(label, r["size"], r["peak_bytes"])
+                if r["checkpointing"]:
+                    panel.dashed.add(label)
+        panels.append(panel)
+    plot_panels(out_dir / "maxres.png", panels)

@@ -1,0 +1,212 @@
+"""Timing, peak memory and isolated child processes: the measuring primitives every bench part shares.
+
+Peak memory is measured in a child forked from a server that has already imported torch and segattn,
+so every configuration starts from a clean allocator without paying the imports again. On CPU the peak
+is the ``ru_maxrss`` high-water mark (reset between configurations through ``/proc/self/clear_refs``)
+minus the resident size before the configuration ran; on CUDA it is ``max_memory_allocated`` minus the
+bytes allocated before. A child gets a hard memory guard so that an oversized probe fails cleanly with
+an allocation error instead of pulling the whole machine into the OOM killer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import resource
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Emit = Callable[[dict[str, Any]], None]
+
+# Extra virtual address space allowed on CPU beyond the budget: thread stacks and malloc arenas are
+# reserved but mostly never touched, so RLIMIT_AS needs head room above the resident budget.
+_ADDRESS_SPACE_SLACK = 1 << 30
+_PRELOAD = [
+    "torch",
+    "segattn.attention",
+    "segattn.models",
+    "segattn.bench.op",
+    "segattn.bench.model",
+    "segattn.bench.maxres",
+]
+_context: Any = None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes; on CUDA measured with events between synchronisations."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    begin = time.perf_counter()
+    fn()
+    return time.perf_counter() - begin
+
+
+def _proc_status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(f"/proc/self/status has no {key} line")
+
+
+def resident_bytes() -> int:
+    """Current resident set size of this process (Linux)."""
+    return _proc_status_kib("VmRSS") * 1024
+
+
+def reset_cpu_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (and with it ``ru_maxrss``); False where the OS does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakMemory:
+    """Context manager: ``.peak`` = peak bytes allocated inside the block above the level at entry.
+
+    Without a peak reset (non-Linux CPU) ``ru_maxrss`` is the process's lifetime mark, which is still
+    right for configurations run in ascending size order in a fresh process.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            reset_cpu_peak()
+            self.base = resident_bytes()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            high = torch.cuda.max_memory_allocated(self.device)
+        else:
+            high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.peak = max(0, high - self.base)
+
+
+def fix_malloc() -> None:
+    """Make glibc hand every block of 128 KiB or more back to the OS on free, so RSS tracks live tensors.
+
+    Without this glibc raises its mmap threshold after the first large free and keeps later blocks on
+    its heap, where a freed block still counts as resident and hides the next configuration's peak.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, 128 * 1024)
+
+
+def total_memory_budget(device: torch.device, fraction: float = 0.8) -> int:
+    """``fraction`` of the currently free GPU memory, or of the available RAM (MemAvailable)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * fraction)
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(int(line.split()[1]) * 1024 * fraction)
+    raise RuntimeError("/proc/meminfo has no MemAvailable line; pass --budget-gib explicitly")
+
+
+def guard_memory(device: torch.device, limit: int) -> None:
+    """Make allocations beyond ``limit`` bytes (above what is held now) raise instead of exhausting RAM."""
+    if device.type == "cuda":
+        held = torch.cuda.memory_allocated(device)
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (held + limit) / total), device)
+        return
+    address_space = _proc_status_kib("VmSize") * 1024 + limit + _ADDRESS_SPACE_SLACK
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        address_space = min(address_space, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, hard))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    message = str(error)
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in message
+
+
+def _child(fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], threads: int, conn: Any) -> None:
+    torch.set_num_threads(threads)
+    try:
+        fn(task, conn.send)
+    except BaseException as error:
+        status = "oom" if is_out_of_memory(error) else "error"
+        conn.send({"status": status, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+        if status == "error":
+            traceback.print_exc()
+    finally:
+        conn.close()
+
+
+def _forkserver() -> Any:
+    global _context
+    if _context is None:
+        _context = mp.get_context("forkserver")
+        _context.set_forkserver_preload(_PRELOAD)
+    return _context
+
+
+def run_isolated(
+    fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], timeout: float
+) -> tuple[list[dict[str, Any]], str]:
+    """Run ``fn(task, emit)`` in a fresh child with this process's thread count; return what it emitted
+    and how it ended.
+
+    The ending is ``ok``, ``timeout`` (killed after ``timeout`` seconds) or ``killed (exit N)`` when
+    the child died without reporting (e.g. the OOM killer). ``fn`` must be a module-level function.
+    """
+    context = _forkserver()
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(fn, task, torch.get_num_threads(), sender), daemon=True)
+    process.start()
+    sender.close()
+    messages: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    ending = "ok"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            ending = "timeout"
+            process.kill()
+            break
+        if receiver.poll(min(left, 1.0)):
+            try:
+                messages.append(receiver.recv())
+            except EOFError:
+                break
+        elif not process.is_alive() and not receiver.poll():
+            break
+    process.join()
+    receiver.close()
+    if ending == "ok" and process.exitcode != 0:
+        ending = f"killed (exit {process.exitcode})"
+    return messages, ending

@@ -1,0 +1,317 @@
+"""``bench op``: each variant's token mixing alone against the memory-traffic floor of the same size.
+
+The op is ``module.mix_tokens(q, k, v, hw)`` on [B, N, C] inputs, i.e. everything between the shared qkv
+and output projections: head split/merge, feature maps, kernel products, normaliser and variant extras
+(FLatten's focusing map and depthwise conv). q, k, v are the three column blocks of one [B, N, 3C]
+tensor, as the qkv projection produces them; variants that reduce keys/values in ``project`` (spatial
+reduction) get their reduced k, v from an untimed ``project`` call.
+
+The floor is ``torch.addcmul(q, k, v, out=buf)`` on the same q, k, v: one elementwise pass that reads the
+three inputs and writes a [B, N, C] result into an existing buffer, i.e. exactly the bytes any attention
+must move, at the best bandwidth the device gives an op (no fresh allocation, no page faults). A
+variant's ratio is time / floor for the forward and time / (2·floor) for forward+backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attention import AttentionBase, build_attention
+from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, time_call
+from .report import Panel, format_bytes, format_seconds, plot_panels, print_table, write_csv
+from .specs import Spec, format_count, grid_for
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = {"fwd": "forward", "fwdbwd": "forward+backward"}
+FLOOR = "floor"
+REFERENCE = "softmax"
+DEFINITION = (
+    "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
+    "incl. FLatten's focusing map and DWC); floor = addcmul(q, k, v, out=buf), one pass reading q, k, v "
+    "and writing the output; ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd); bf16 = bf16 inputs "
+    "under autocast. Cells: median time, ratio, peak memory above the inputs (fresh process)."
+)
+
+
+@dataclass
+class OpSettings:
+    variants: list[Spec]
+    sizes: list[int]
+    dtypes: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    modes: list[str] = field(default_factory=lambda: ["fwd", "fwdbwd"])
+    batch: int = 1
+    dim: int = 64
+    heads: int = 2
+    repeats: int = 5
+    warmup: int = 1
+    config_seconds: float = 20.0
+    max_call_seconds: float = 60.0
+    memory: bool = True
+    memory_timeout: float = 1800.0
+
+
+def build_variant(spec: Spec, dim: int, heads: int, device: torch.device) -> AttentionBase:
+    return build_attention(spec.name, dim, heads, **spec.options).to(device)
+
+
+class OpCase:
+    """One variant's ``mix_tokens`` at one size, dtype and mode, with inputs allocated and ready to call."""
+
+    def __init__(
+        self, module: AttentionBase, tokens: int, dtype: str, mode: str, batch: int, device: torch.device
+    ) -> None:
+        self.module, self.mode, self.hw = module, mode, grid_for(tokens)
+        self.dtype = DTYPES[dtype]
+        self.device = device
+        dim = module.dim
+        grad = mode == "fwdbwd"
+        x = torch.randn(batch, tokens, dim, device=device)
+        with torch.no_grad():
+            projected = module.project(x, self.hw)
+        if projected[1].shape[1] == tokens:  # q, k, v as column blocks of one [B, N, 3C] tensor
+            qkv = torch.randn(batch, tokens, 3 * dim, device=device, dtype=self.dtype)
+            self.leaves = [qkv.requires_grad_(grad)]
+        else:  # keys/values reduced in project: its outputs, computed untimed
+            self.leaves = [t.detach().to(self.dtype).requires_grad_(grad) for t in projected]
+        self.params = [p for p in module.parameters() if p.requires_grad] if grad else []
+        self.grad_out = torch.randn(batch, tokens, dim, device=device, dtype=self.dtype) if grad else None
+        self.floor_out = torch.empty(batch, tokens, dim, device=device, dtype=self.dtype)
+        module.train(grad)
+
+    def inputs(self) -> list[torch.Tensor]:
+        return self.leaves[0].chunk(3, dim=-1) if len(self.leaves) == 1 else self.leaves
+
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        if self.dtype == torch.float32:
+            yield
+        else:
+            with torch.autocast(self.device.type, dtype=self.dtype):
+                yield
+
+    def __call__(self) -> None:
+        if self.mode == "fwd":
+            with torch.no_grad(), self._precision():
+                self.module.mix_tokens(*self.inputs(), self.hw)
+            return
+        with self._precision():
+            out = self.module.mix_tokens(*self.inputs(), self.hw)
+        torch.autograd.grad(out, self.leaves + self.params, self.grad_out, allow_unused=True)
+
+    def floor(self) -> None:
+        q, k, v = self.inputs()
+        with torch.no_grad():
+            torch.addcmul(q, k, v, out=self.floor_out)
+
+
+def interleaved_medians(
+    calls: dict[str, Callable[[], None]], device: torch.device, settings: OpSettings
+) -> dict[str, tuple[float, int] | str]:
+    """Median seconds and sample count per call, timing the calls round-robin so noise hits all alike.
+
+    Each call is warmed up first; a call whose warm-up took longer than ``config_seconds`` gets one
+    timed repeat. A call that raises is dropped and its error returned instead.
+    """
+    results: dict[str, tuple[float, int] | str] = {}
+    wanted: dict[str, int] = {}
+    for name, fn in calls.items():
+        try:
+            seconds = [time_call(fn, device) for _ in range(max(1, settings.warmup))][-1]
+        except RuntimeError as error:
+            results[name] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:120]}"
+            continue
+        wanted[name] = max(1, min(settings.repeats, int(settings.config_seconds / max(seconds, 1e-9))))
+    samples: dict[str, list[float]] = {name: [] for name in wanted}
+    for round_ in range(max(wanted.values(), default=0)):
+        for name, count in wanted.items():
+            if round_ < count:
+                samples[name].append(time_call(calls[name], device))
+    results.update({name: (statistics.median(times), len(times)) for name, times in samples.items()})
+    return results
+
+
+def skip_reason(
+    module: AttentionBase, tokens: int, history: dict[str, Any], settings: OpSettings
+) -> str | None:
+    """Why a configuration is not run: too many tokens, failed at a smaller size, or predicted too slow."""
+    if module.max_tokens is not None and tokens > module.max_tokens:
+        return f"skipped: max_tokens={module.max_tokens}"
+    if "failed" in history:
+        return f"skipped: failed at {format_count(history['failed'])} tokens"
+    if "seconds" in history:
+        exponent = 2 if module.quadratic else 1
+        predicted = history["seconds"] * (tokens / history["tokens"]) ** exponent
+        if predicted > settings.max_call_seconds:
+            return f"skipped: ~{predicted:.0f} s/call predicted > {settings.max_call_seconds:g} s"
+    return None
+
+
+def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]:
+    """Time every (variant, dtype, mode, size) with the floor of the same inputs, interleaved per size."""
+    modules = {
+        spec.label: build_variant(spec, settings.dim, settings.heads, device) for spec in settings.variants
+    }
+    rows: list[dict[str, Any]] = []
+    for dtype in settings.dtypes:
+        for mode in settings.modes:
+            history: dict[str, dict[str, Any]] = {label: {} for label in modules}
+            for tokens in sorted(settings.sizes):
+                base = {"dtype": dtype, "mode": mode, "tokens": tokens, "batch": settings.batch}
+                base |= {"dim": settings.dim, "heads": settings.heads}
+                cases: dict[str, OpCase] = {}
+                for label, module in modules.items():
+                    reason = skip_reason(module, tokens, history[label], settings)
+                    if reason:
+                        rows.append({"variant": label, **base, "status": "skipped", "note": reason})
+                    else:
+                        cases[label] = OpCase(module, tokens, dtype, mode, settings.batch, device)
+                if not cases:
+                    continue
+                floor_case = next(iter(cases.values()))
+                calls: dict[str, Callable[[], None]] = {FLOOR: floor_case.floor, **cases}
+                results = interleaved_medians(calls, device, settings)
+                floor_result = results[FLOOR]
+                floor_seconds = floor_result[0] if isinstance(floor_result, tuple) else float("nan")
+                nbytes = 4 * settings.batch * tokens * settings.dim * floor_case.floor_out.element_size()
+                rows.append(
+                    {"variant": FLOOR, **base, "seconds": floor_seconds, "repeats": floor_result[1]}
+                    | {"status": "ok", "note": f"{nbytes / floor_seconds / 1e9:.1f} GB/s"}
+                )
+                for label in cases:
+                    result = results[label]
+                    if isinstance(result, str):
+                        history[label]["failed"] = tokens
+                        rows.append(
+                            {"variant": label, **base, "status": result.split(":")[0], "note": result}
+                        )
+                        continue
+                    seconds, repeats = result
+                    history[label].update(seconds=seconds, tokens=tokens)
+                    ratio = seconds / (floor_seconds * (2 if mode == "fwdbwd" else 1))
+                    rows.append(
+                        {"variant": label, **base, "seconds": seconds, "repeats": repeats}
+                        | {"floor_seconds": floor_seconds, "floor_ratio": ratio, "status": "ok", "note": ""}
+                    )
+                del cases, calls
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    """``vs_softmax`` = softmax seconds / variant seconds for the same dtype, mode and size."""
+    reference = {
+        (r["dtype"], r["mode"], r["tokens"]): r["seconds"]
+        for r in rows
+        if r["variant"] == REFERENCE and r["status"] == "ok"
+    }
+    for row in rows:
+        key = (row["dtype"], row["mode"], row["tokens"])
+        if row["status"] == "ok" and row["variant"] != FLOOR and key in reference:
+            row["vs_softmax"] = reference[key] / row["seconds"]
+
+
+def memory_child(task: dict[str, Any], emit: Emit) -> None:
+    """Child process: peak memory of one (variant, dtype, mode) at each size, ascending."""
+    fix_malloc()
+    device = torch.device(task["device"])
+    spec = Spec(task["name"], task["options"])
+    module = build_variant(spec, task["dim"], task["heads"], device)
+    OpCase(module, task["sizes"][0], task["dtype"], task["mode"], task["batch"], device)()  # one-time set-up
+    for tokens in task["sizes"]:
+        case = OpCase(module, tokens, task["dtype"], task["mode"], task["batch"], device)
+        with PeakMemory(device) as peak:
+            case()
+        emit({"tokens": tokens, "peak_bytes": peak.peak})
+        del case
+
+
+def measure_memory(rows: list[dict[str, Any]], settings: OpSettings, device: torch.device) -> None:
+    """Fill ``peak_bytes`` of the timed rows, one fresh child per (variant, dtype, mode)."""
+    for spec in settings.variants:
+        for dtype in settings.dtypes:
+            for mode in settings.modes:
+                mine = [
+                    r
+                    for r in rows
+                    if (r["variant"], r["dtype"], r["mode"]) == (spec.label, dtype, mode)
+                    and r["status"] == "ok"
+                ]
+                if not mine:
+                    continue
+                task = {"name": spec.name, "options": spec.options, "dtype": dtype, "mode": mode}
+                task |= {"sizes": [r["tokens"] for r in mine], "device": str(device), "batch": settings.batch}
+                task |= {"dim": settings.dim, "heads": settings.heads}
+                messages, ending = run_isolated(memory_child, task, settings.memory_timeout)
+                by_tokens = {m["tokens"]: m["peak_bytes"] for m in messages if "tokens" in m}
+                failure = next((m["error"] for m in messages if "error" in m), ending)
+                for row in mine:
+                    if row["tokens"] in by_tokens:
+                        row["peak_bytes"] = by_tokens[row["tokens"]]
+                    else:
+                        row["note"] = (row["note"] + "; " if row["note"] else "") + f"memory: {failure}"
+
+
+def cell(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return row["note"].replace(": ", ":\n", 1)
+    lines = [format_seconds(row["seconds"])]
+    if row["variant"] == FLOOR:
+        lines.append(row["note"])
+    else:
+        lines.append(f"{row['floor_ratio']:.1f}× floor")
+        if "vs_softmax" in row and row["variant"] != REFERENCE:
+            lines.append(f"{row['vs_softmax']:.2g}× faster than softmax")
+    if "peak_bytes" in row:
+        lines.append(format_bytes(row["peak_bytes"]))
+    return "\n".join(lines)
+
+
+def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> None:
+    """Print one table per (dtype, mode), write op.csv and the log-log plots op_time.png, op_memory.png."""
+    write_csv(out_dir / "op.csv", rows)
+    sizes = sorted(settings.sizes)
+    labels = [FLOOR] + [spec.label for spec in settings.variants]
+    time_panels, memory_panels = [], []
+    for dtype in settings.dtypes:
+        for mode in settings.modes:
+            mine = {(r["variant"], r["tokens"]): r for r in rows if (r["dtype"], r["mode"]) == (dtype, mode)}
+            table = [
+                [label] + [cell(mine[label, n]) if (label, n) in mine else "–" for n in sizes]
+                for label in labels
+            ]
+            title = f"op {MODES[mode]}, {dtype}, B={settings.batch}, C={settings.dim}, heads={settings.heads}"
+            print_table(title, ["variant"] + [format_count(n) for n in sizes], table, DEFINITION)
+            floor_label = "2×floor" if mode == "fwdbwd" else FLOOR
+            time_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "seconds", dashed={floor_label})
+            memory_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "peak bytes above inputs")
+            for row in mine.values():
+                if row["status"] != "ok":
+                    continue
+                if row["variant"] == FLOOR:
+                    time_panel.add(
+                        floor_label, row["tokens"], row["seconds"] * (2 if mode == "fwdbwd" else 1)
+                    )
+                    continue
+                time_panel.add(row["variant"], row["tokens"], row["seconds"])
+                if row.get("peak_bytes"):
+                    memory_panel.add(row["variant"], row["tokens"], row["peak_bytes"])
+            time_panels.append(time_panel)
+            memory_panels.append(memory_panel)
+    plot_panels(out_dir / "op_time.png", time_panels)
+    if settings.memory:
+        plot_panels(out_dir / "op_memory.png", memory_panels)
+
+
+def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
+    rows = time_ops(settings, device)
+    if settings.memory:
+        measure_memory(rows, settings, device)
+    report(rows, settings, out_dir)
+    return rows

@@ -1,0 +1,136 @@
+"""The bench command end to end at tiny sizes, plus its measuring primitives against known quantities.
+
+Nothing here asserts speed: timings on shared CI machines mean nothing. The smoke run checks that every
+part writes its table, CSV and PNG with the expected rows and columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from segattn.bench.__main__ import main
+from segattn.bench.maxres import extrapolate, search
+from segattn.bench.measure import PeakMemory, guard_memory, run_isolated
+from segattn.bench.specs import grid_for, parse_count, parse_spec
+
+MIB = 1 << 20
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_specs_parse_names_options_and_counts():
+    spec = parse_spec("softmax:sr_ratios=[1,1,1,1]:attn_drop=0.1")
+    assert (spec.name, spec.options) == ("softmax", {"sr_ratios": [1, 1, 1, 1], "attn_drop": 0.1})
+    assert parse_spec("flatten").options == {}
+    assert [parse_count(t) for t in ("4096", "4k", "1m")] == [4096, 4096, 1 << 20]
+    assert grid_for(65536) == (256, 256) and grid_for(240) == (15, 16)
+    with pytest.raises(ValueError, match="key=value"):
+        parse_spec("linear:relu")
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "expected", "probed"),
+    [
+        (1000, 512, 896, [512, 1024, 768, 896]),  # grow, then bisect between 512 and 1024
+        (300, 512, 256, [512, 256, 384]),  # start too large: halve, then bisect
+        (10_000, 512, 2048, [512, 1024, 2048]),  # capped by max_size
+        (100, 512, 0, [512, 256, 128]),  # nothing fits
+    ],
+)
+def test_search_finds_the_largest_fitting_multiple(limit, start, expected, probed):
+    calls = []
+
+    def fits(size: int) -> bool:
+        calls.append(size)
+        return size <= limit
+
+    assert search(fits, start=start, step=128, max_size=2048) == expected
+    assert calls == probed
+
+
+def test_extrapolate_inverts_a_linear_memory_model():
+    # peak = 100 MiB + 64 bytes per pixel; at 4 GiB: side = sqrt((4 GiB - 100 MiB) / 64) = 8091 -> 8064.
+    history = [{"size": s, "fits": True, "peak_bytes": 100 * MIB + 64 * s * s} for s in (256, 512, 1024)]
+    side = math.isqrt((4096 - 100) * MIB // 64)
+    assert extrapolate(history, 4096 * MIB, step=128) == side // 128 * 128 == 8064
+
+
+def test_peak_memory_sees_a_known_allocation():
+    with PeakMemory(torch.device("cpu")) as peak:
+        block = torch.ones(64 * MIB // 4)  # 64 MiB, touched
+        del block
+    assert 64 * MIB <= peak.peak < 96 * MIB
+
+
+def allocate_child(task, emit):
+    """Child for the guard test: cap memory, then try to allocate ``task['mib']`` MiB."""
+    guard_memory(torch.device("cpu"), task["limit_mib"] * MIB)
+    torch.ones(task["mib"] * MIB // 4)
+    emit({"status": "ok"})
+
+
+@pytest.mark.slow
+def test_memory_guard_turns_an_oversized_child_into_a_clean_oom():
+    messages, ending = run_isolated(allocate_child, {"limit_mib": 256, "mib": 4096}, timeout=60)
+    assert ending == "ok" and messages[-1]["status"] == "oom"
+    messages, ending = run_isolated(allocate_child, {"limit_mib": 256, "mib": 64}, timeout=60)
+    assert messages == [{"status": "ok"}]
+
+
+@pytest.mark.slow
+def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
+    # One thread: on a busy 2-core machine two spinning OpenMP threads make tiny steps many times slower.
+    args = ["--smoke", "--device", "cpu", "--threads", "1", "--variants", "softmax", "flatten"]
+    main(["all", *args, "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    for title in ("op forward, fp32", "op forward+backward, bf16", "model pvt:size=b0", "maxres"):
+        assert title in printed
+    for name in ("op_time.png", "op_memory.png", "model.png", "maxres.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    op = read_csv(tmp_path / "op.csv")
+    for column in (
+        "variant",
+        "dtype",
+        "mode",
+        "tokens",
+        "seconds",
+        "floor_seconds",
+        "floor_ratio",
+        "peak_bytes",
+    ):
+        assert column in op[0]
+    keys = {(r["variant"], r["dtype"], r["mode"], int(r["tokens"])) for r in op if r["status"] == "ok"}
+    assert keys == {
+        (v, d, m, n)
+        for v in ("floor", "softmax", "flatten")
+        for d in ("fp32", "bf16")
+        for m in ("fwd", "fwdbwd")
+        for n in (256, 1024)
+    }
+    for row in op:
+        if row["variant"] != "floor":
+            assert float(row["floor_ratio"]) > 0 and int(row["peak_bytes"]) >= 0
+    assert all("vs_softmax" in r and r["vs_softmax"] for r in op if r["variant"] == "flatten")
+
+    model = read_csv(tmp_path / "model.csv")
+    assert {(r["model"], r["variant"]) for r in model if r["status"] == "ok"} == {
+        (m, v) for m in ("pvt:size=b0", "vit:size=tiny") for v in ("softmax", "flatten")
+    }
+    assert all(float(r["images_per_s"]) > 0 and int(r["peak_bytes"]) > 0 for r in model)
+
+    maxres = read_csv(tmp_path / "maxres.csv")
+    assert {(r["variant"], r["checkpointing"]) for r in maxres} == {
+        (v, c) for v in ("softmax", "flatten") for c in ("False", "True")
+    }
+    assert all(int(r["maxres"]) >= 64 and int(r["probes"]) >= 1 for r in maxres)
+    probes = read_csv(tmp_path / "maxres_probes.csv")
+    assert {"size", "status", "fits", "peak_bytes"} <= set(probes[0])
