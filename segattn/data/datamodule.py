@@ -142,7 +142,7 @@ class SegDataModule(pl.LightningDataModule):
         dataset = self.datasets[role]
         train = role == "train"
         rank = self._rank()
-        if self.num_workers == 0:  # no worker_init_fn runs in-process: seed the pipeline here
+        if train and self.num_workers == 0:  # no worker_init_fn runs in-process: seed the pipeline here
             reseed_transform(dataset, stream_seed(int(torch.randint(2**62, ()).item()), rank))
         batch_size = self.batch_size if train else self.val_batch_size
         return DataLoader(

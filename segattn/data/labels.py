@@ -35,18 +35,14 @@ def pascal_colormap(n: int) -> list[Color]:
 
 
 def describe_values(values: Sequence[int]) -> str:
-    """Compact sorted listing of integers with runs folded: [0, 1, 2, 5, 255] -> '0..2, 5, 255'."""
-    parts: list[str] = []
-    ordered = sorted(values)
-    start = prev = ordered[0] if ordered else 0
-    for v in [*ordered[1:], None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(str(start) if start == prev else f"{start}..{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(parts) if ordered else "nothing"
+    """Sorted integers with runs folded: [255, 0, 1, 2, 5] -> '0..2, 5, 255'."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs) or "nothing"
 
 
 class LabelMap:
