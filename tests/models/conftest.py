@@ -1,0 +1,37 @@
+"""Tiny model configurations shared by the model tests (a few blocks of width 16-64 keep CPU tests fast)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from segattn.attention import attention_options
+from segattn.models import Segmentor, build_model
+
+TINY_FAMILY_OPTIONS = {
+    "vit": {"embed_dim": 32, "depth": 2, "num_heads": 2, "head_channels": 16},
+    "pvt": {
+        "embed_dims": [16, 32, 32, 64],
+        "depths": [1, 1, 1, 1],
+        "num_heads": [1, 1, 2, 2],
+        "head_channels": 16,
+    },
+    "unet": {"encoder": "test_resnet", "head_channels": 32},
+}
+# Linformer's learned sequence projections must cover the largest grid (128×160 padded input at stride 4
+# = 1280 tokens); a short projection keeps its parameter count small.
+TINY_ATTENTION_OPTIONS = {"max_tokens": 2048, "proj_len": 16}
+
+
+@pytest.fixture
+def build_tiny() -> Callable[..., Segmentor]:
+    """``build_tiny(family, attention, **overrides)`` → a tiny Segmentor with 3 classes."""
+
+    def build(name: str, attention: str = "softmax", **overrides) -> Segmentor:
+        accepted = attention_options(attention)
+        options = {k: v for k, v in TINY_ATTENTION_OPTIONS.items() if k in accepted}
+        family = {**TINY_FAMILY_OPTIONS[name], **overrides}
+        return build_model(name, num_classes=3, attention=attention, attention_options=options, **family)
+
+    return build
