@@ -38,6 +38,8 @@ def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) ->
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """A rich panel: where things are, the best and final scores, and the final IoU of every class."""
     table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # long paths wrap instead of being cut
     final = summary["final"]
     rows = [
         ("best val/mIoU", _percent(summary["best_mIoU"])),

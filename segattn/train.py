@@ -1,0 +1,158 @@
+"""Training run from a composed Hydra config: builders turn config groups into plain objects, then
+Lightning fits. ``run(cfg)`` is what ``python train.py`` calls."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import (
+    EarlyStopping,
+    ModelCheckpoint,
+    RichModelSummary,
+    RichProgressBar,
+)
+from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
+from pytorch_lightning.utilities import rank_zero_info
+
+from .callbacks import WandbValidationPanel
+from .checkpoint import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
+from .config import check_config
+from .data import SegDataModule
+from .losses import SegLoss
+from .models import build_model
+from .module import SegmentationModule
+from .optim import build_optimizer, build_scheduler
+from .summary import print_summary, summarize
+
+CALLBACKS: dict[str, type[pl.Callback]] = {
+    "model_checkpoint": ModelCheckpoint,
+    "early_stopping": EarlyStopping,
+    "rich_progress_bar": RichProgressBar,
+    "rich_model_summary": RichModelSummary,
+    "wandb_panel": WandbValidationPanel,
+}
+LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
+STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}
+
+
+def plain(node: Any) -> Any:
+    """A config node as plain Python containers with interpolations resolved."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def build_from_registry(
+    kind: str, registry: dict[str, type], specs: dict[str, Any] | None, **extra: Any
+) -> list:
+    """One object per ``name: kwargs`` entry (``null`` entries skipped); unknown names list the valid ones."""
+    objects = []
+    for name, kwargs in (specs or {}).items():
+        if kwargs is None:
+            continue
+        if name not in registry:
+            raise ValueError(
+                f"{kind}.{name}: unknown {kind[:-1]}; expected one of {', '.join(sorted(registry))}"
+            )
+        objects.append(registry[name](**kwargs, **extra.get(name, {})))
+    return objects
+
+
+def build_strategy(spec: str | dict[str, Any]) -> str | Strategy:
+    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp, **kwargs}``."""
+    if isinstance(spec, str):
+        return spec
+    options = dict(spec)
+    name = options.pop("name", None)
+    if name not in STRATEGIES:
+        raise ValueError(f"trainer.strategy.name={name!r}; expected one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](**options)
+
+
+def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModule:
+    """Model, loss, optimizer and schedule factories from their config groups."""
+    model = build_model(
+        **plain(cfg.model),
+        num_classes=cfg.data.num_classes,
+        attention=cfg.attention.name,
+        attention_options=plain(cfg.attention.options),
+    )
+    if cfg.init_from:
+        report = load_weights(model, cfg.init_from)
+        rank_zero_info(
+            f"init_from={cfg.init_from}: loaded {len(report['loaded'])} tensors; skipped (shape) "
+            f"{report['skipped']}; missing {report['missing']}; unexpected {report['unexpected']}"
+        )
+    data_info = {
+        "name": cfg.data.name,
+        "classes": list(datamodule.classes),
+        "palette": [list(colour) for colour in datamodule.palette],
+        "ignore_index": int(datamodule.ignore_index),
+        "mean": [float(v) for v in datamodule.mean],
+        "std": [float(v) for v in datamodule.std],
+    }
+    return SegmentationModule(
+        model=model,
+        criterion=SegLoss(
+            num_classes=model.num_classes, ignore_index=data_info["ignore_index"], **plain(cfg.loss)
+        ),
+        optimizer=functools.partial(build_optimizer, **plain(cfg.optimizer)),
+        scheduler=functools.partial(build_scheduler, **plain(cfg.scheduler)),
+        data_info=data_info,
+        inference=plain(cfg.validation),
+    )
+
+
+def build_loggers(cfg: DictConfig, resume_from: Path | None) -> list[Logger]:
+    """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint."""
+    extra: dict[str, dict[str, Any]] = {}
+    run_id = wandb_run_id(read_checkpoint(resume_from)) if resume_from else None
+    if run_id:
+        extra["wandb"] = {"id": run_id, "resume": "allow"}
+        rank_zero_info(f"W&B: continuing run {run_id} from {resume_from}")
+    return build_from_registry("loggers", LOGGERS, plain(cfg.logger), **extra)
+
+
+def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
+    kwargs = plain(cfg.trainer)
+    kwargs["strategy"] = build_strategy(kwargs.get("strategy", "auto"))
+    callbacks = build_from_registry("callbacks", CALLBACKS, plain(cfg.callbacks))
+    return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary."""
+    check_config(cfg)
+    pl.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.paths.output_dir)
+    resume_from = resolve_ckpt_path(cfg.ckpt_path, cfg.paths.log_dir, run_dir)
+    if resume_from:
+        rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
+    datamodule = SegDataModule(**plain(cfg.data))
+    module = build_module(cfg, datamodule)
+    loggers = build_loggers(cfg, resume_from)
+    failed = True
+    try:
+        trainer = build_trainer(cfg, loggers)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(plain(cfg))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+        summary = summarize(trainer, module, run_dir)
+        failed = False
+    finally:
+        finish_wandb(loggers, exit_code=int(failed))
+    if trainer.is_global_zero:
+        print_summary(summary)
+    return summary
+
+
+def finish_wandb(loggers: list[Logger], exit_code: int) -> None:
+    """Close the W&B run (flushes the offline files) also when training failed; rank zero only."""
+    if any(isinstance(logger, WandbLogger) for logger in loggers):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=exit_code)

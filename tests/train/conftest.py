@@ -1,0 +1,74 @@
+"""Shared helpers for the training tests: compose the real conf/ and tiny-run overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from segattn.config import register_resolvers
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+
+# A few 32x32 synthetic images, read in-process: every run below takes seconds.
+TINY_DATA = [
+    "data=synthetic",
+    "data.image_size=[32,32]",
+    "data.crop_size=[32,32]",
+    "data.num_train=8",
+    "data.num_val=4",
+    "data.num_test=4",
+    "data.batch_size=4",
+    "data.val_batch_size=2",
+    "data.num_workers=0",
+    "data.persistent_workers=false",
+    "data.pin_memory=false",
+]
+# Per model family: the smallest widths its options allow.
+TINY_MODEL = {
+    "vit": [
+        "model.embed_dim=32",
+        "model.depth=2",
+        "model.num_heads=2",
+        "model.patch_size=8",
+        "model.head_channels=16",
+    ],
+    "pvt": [
+        "model.embed_dims=[16,16,32,32]",
+        "model.depths=[1,1,1,1]",
+        "model.num_heads=[1,1,2,2]",
+        "model.head_channels=16",
+    ],
+    "unet": ["model.encoder=resnet18", "model.head_channels=16"],
+}
+# CPU, no progress bar or model table: quiet, quick runs.
+QUIET = [
+    "trainer=cpu",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+    "hydra/job_logging=none",
+]
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The config ``python train.py <overrides>`` would run, with Hydra's runtime info available."""
+    register_resolvers()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def train_config(tmp_path: Path) -> Callable[..., DictConfig]:
+    """``train_config(*overrides, run="name")``: a composed config whose outputs go to tmp_path/<run>."""
+
+    def make(*overrides: str, run: str = "run") -> DictConfig:
+        return compose_config([f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / run}", *overrides])
+
+    return make
