@@ -1,0 +1,65 @@
+"""Read an offline W&B run file (run-<id>.wandb) without the W&B service, for the tests.
+
+The file is a LevelDB-style log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then 32 KiB blocks
+of chunks, each with a 7-byte header (crc32 u32, length u16, type u8: 1 full, 2 first, 3 middle,
+4 last); a block tail shorter than a chunk header is padding. Each reassembled record is a protobuf
+``Record`` from wandb.proto.wandb_internal_pb2.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2
+
+BLOCK = 32 * 1024
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    records, pending, offset = [], b"", HEADER
+    while offset + HEADER <= len(data):
+        if BLOCK - offset % BLOCK < HEADER:  # padding at the end of a block
+            offset += BLOCK - offset % BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + HEADER])
+        chunk = data[offset + HEADER : offset + HEADER + length]
+        offset += HEADER + length
+        if kind in (FULL, FIRST):
+            pending = chunk
+        elif kind in (MIDDLE, LAST):
+            pending += chunk
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def history(path: Path) -> list[dict]:
+    """Every logged step as {key: value} with JSON-decoded values."""
+    rows = []
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {
+                    ".".join(item.nested_key) or item.key: json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
+    return rows
+
+
+def config(path: Path) -> dict:
+    """The run config as {top-level key: value} (JSON-decoded)."""
+    values = {}
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "config":
+            for item in record.config.update:
+                values[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
+    return values
