@@ -52,7 +52,11 @@ class Segmentor(nn.Module):
 
     def _segment(self, images: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
         height, width = images.shape[-2:]
-        padded = F.pad(images, (0, (-width) % self.stride, 0, (-height) % self.stride))
+        # Round up by floor division, not %: under torch.compile(dynamic=True) (torch 2.14) a %-derived size
+        # that reaches F.interpolate fails in AOTAutograd ("TensorReferenceAnalysis has no python_mod").
+        pad_h = -(-height // self.stride) * self.stride - height
+        pad_w = -(-width // self.stride) * self.stride - width
+        padded = F.pad(images, (0, pad_w, 0, pad_h))
         features = self.encoder(padded)
         logits = self._to_input_size(self.head(features), padded, height, width)
         if not with_aux or self.aux_head is None:
