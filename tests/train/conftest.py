@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from segattn.config import register_resolvers
 
@@ -56,11 +56,14 @@ QUIET = [
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The config ``python train.py <overrides>`` would run, with Hydra's runtime info available."""
+    """The config ``python train.py <overrides>`` would pass to ``run``; its ``hydra`` node is moved to
+    ``HydraConfig.get()`` as in a real run."""
     register_resolvers()
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
     return cfg
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CONF, REPO, compose_config
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 GLOBAL_GROUPS = ("experiment", "debug")  # these patch the whole config rather than filling one key
@@ -18,8 +19,7 @@ GROUP_OPTIONS = sorted(
 
 def resolved(cfg) -> dict:
     """The job's config with every interpolation resolved (mandatory ??? values left as they are)."""
-    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
-    return OmegaConf.to_container(job, resolve=True, throw_on_missing=False)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
 
 
 def test_every_group_is_found():
@@ -73,7 +73,7 @@ def test_default_config_and_paths_from_any_working_directory(tmp_path, monkeypat
     assert (cfg.data.name, cfg.attention.name, cfg.logger.wandb.offline) == ("synthetic", "flatten", True)
     assert Path(cfg.paths.root_dir) == REPO
     assert Path(cfg.paths.data_dir) == REPO / "data"
-    run_dir = Path(cfg.hydra.run.dir)
+    run_dir = Path(HydraConfig.get().run.dir)
     assert run_dir.parent == REPO / "outputs" / "runs"
     assert run_dir.name.endswith(cfg.run_name)
     assert Path(os.getcwd()) == tmp_path
