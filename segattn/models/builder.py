@@ -108,11 +108,10 @@ def assemble(
     family = MODEL_FAMILIES[name]
     attention_class(attention)  # unknown attention names fail here, before any module is built
     attn_layer = AttentionSpec(attention, dict(attention_options))
-    encoder_params = inspect.signature(family.create_encoder).parameters
-    unknown = sorted(set(encoder_options) - set(encoder_params) | set(encoder_options) & {"attn_layer"})
+    encoder_params = set(inspect.signature(family.create_encoder).parameters)
+    unknown = sorted(set(encoder_options) - (encoder_params - {"attn_layer"}))
     if unknown:
-        common = [p for p in inspect.signature(assemble).parameters if p not in ("name", "encoder_options")]
-        valid = sorted(set(common[4:]) | set(encoder_params) - {"attn_layer"})
+        valid = sorted(COMMON_OPTIONS | encoder_params - {"attn_layer"})
         raise ValueError(f"model {name!r} has no option(s) {unknown}; its options are: {', '.join(valid)}")
     if "attn_layer" in encoder_params:
         encoder_options["attn_layer"] = attn_layer
@@ -140,6 +139,10 @@ def assemble(
     if grad_checkpointing:
         model.set_grad_checkpointing(True)
     return model
+
+
+# options every family takes (the keyword arguments of ``assemble`` after the four ``build_model`` ones)
+COMMON_OPTIONS = set(list(inspect.signature(assemble).parameters)[4:-1])
 
 
 def to_plain(value: Any) -> Any:

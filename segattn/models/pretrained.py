@@ -70,8 +70,9 @@ def read_timm_weights(name: str) -> dict[str, Tensor]:
     for filename in filenames:
         path = try_to_load_from_cache(cfg.hf_hub_id, filename)
         if isinstance(path, str):
-            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": path})
-            return model.state_dict()
+            return timm.create_model(
+                name, pretrained=True, pretrained_cfg_overlay={"file": path}
+            ).state_dict()
     raise FileNotFoundError(
         f"pretrained={name!r}: weights for {cfg.hf_hub_id} are not in the local Hugging Face cache and "
         "segattn never downloads. " + HOW_TO_PROVIDE.format(name=name)
