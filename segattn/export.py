@@ -10,11 +10,16 @@ inside ``model.onnx`` (metadata_props) so the file alone is enough for ``segattn
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,15 @@ def check_sizes(height: int, width: int) -> list[tuple[int, int, int, int]]:
     return [(1, 3, height, width), (2, 3, *second)]
 
 
+def trace_size(height: int, width: int) -> tuple[int, int]:
+    """Where TorchScript traces: not the export size, not a multiple of any patch stride.
+
+    Tracing records only the branch taken; at the export (= training) size a ViT skips resampling its
+    position embedding and needs no padding, and that trace would fail at any other size.
+    """
+    return height * 3 // 4 + 1, width * 5 // 4 - 1
+
+
 def compare(
     reference: nn.Module, run: Any, shapes: list[tuple[int, ...]], atol: float, label: str
 ) -> list[dict[str, Any]]:
@@ -86,7 +100,7 @@ def compare(
 
 
 def first_line(error: BaseException) -> str:
-    """A one-line reason for an exporter failure: the first line of the outermost and of the root error.
+    """A one-line reason for an exporter failure: the first sentence of the outermost and of the root error.
 
     Exporters raise pages of colourised, traceback-like text; the root cause is what users can act on.
     """
@@ -96,8 +110,8 @@ def first_line(error: BaseException) -> str:
     lines = []
     for item in (error, root) if root is not error else (error,):
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(item)).strip()
-        lines.append(text.splitlines()[0] if text else type(item).__name__)
-    return " <- ".join(lines)
+        lines.append(text.splitlines()[0].split(". ")[0] if text else type(item).__name__)
+    return ": ".join(lines)
 
 
 def latency(run: Any, images: Tensor, repeats: int = 3) -> float:
@@ -117,12 +131,34 @@ def onnx_metadata(info: dict[str, Any], dynamic: bool, exporter: str) -> str:
     return json.dumps({**{key: info[key] for key in keys}, "dynamic": dynamic, "exporter": exporter})
 
 
+@contextlib.contextmanager
+def silenced_output() -> Iterator[None]:
+    """Send stdout/stderr, Python's and C++'s (file descriptors 1, 2), to a throwaway file.
+
+    The exporters print progress and, on failure, whole TorchScript graphs; the exception keeps the reason.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with tempfile.TemporaryFile() as sink, contextlib.redirect_stdout(io.StringIO()):
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
 def torch_onnx_export(
     wrapper: nn.Module, example: Tensor, path: Path, opset: int, exporter: str, dynamic: bool
 ) -> None:
-    """One attempt with one exporter; ``dynamic`` makes batch, height and width symbolic."""
+    """One attempt with one exporter; batch is always symbolic, height and width when ``dynamic``."""
     names = {"input_names": ["images"], "output_names": ["logits"], "opset_version": opset}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), silenced_output():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             auto = torch.export.Dim.AUTO
@@ -141,7 +177,13 @@ def torch_onnx_export(
             axes = {0: "batch", 2: "height", 3: "width"} if dynamic else {0: "batch"}
             dynamic_axes = {"images": axes, "logits": axes}
             torch.onnx.export(
-                wrapper, (example,), str(path), dynamo=False, dynamic_axes=dynamic_axes, **names
+                wrapper,
+                (example,),
+                str(path),
+                dynamo=False,
+                dynamic_axes=dynamic_axes,
+                verbose=False,
+                **names,
             )
 
 
@@ -154,7 +196,8 @@ def onnx_attempt(
 
     dynamic = attention_class(attention_name(info)).onnx_dynamic
     label = f"onnx[{attention_name(info)}, {exporter} exporter]"
-    torch_onnx_export(wrapper, torch.randn(shapes[0]), path, opset, exporter, dynamic)
+    # Batch 2 in the example: torch.export specialises a dimension whose example size is 0 or 1.
+    torch_onnx_export(wrapper, torch.randn(2, *shapes[0][1:]), path, opset, exporter, dynamic)
     proto = onnx.load(str(path))
     proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(info, dynamic, exporter))
     onnx.save(proto, str(path))
@@ -244,7 +287,7 @@ def export_torchscript(
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            traced = torch.jit.trace(wrapper, torch.randn(1, 3, *size), check_trace=False)
+            traced = torch.jit.trace(wrapper, torch.randn(1, 3, *trace_size(*size)), check_trace=False)
     except Exception as error:
         raise ExportError(f"attention {name!r} cannot be traced to TorchScript: {error}") from None
     path = out / TORCHSCRIPT_FILE

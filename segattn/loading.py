@@ -56,6 +56,8 @@ def rebuild(config: dict[str, Any], source: str) -> nn.Module:
     if not isinstance(config, dict) or not isinstance(config.get("name"), str):
         raise ValueError(f"{source}: model config must be a mapping with a registry 'name'; got {config!r}")
     check_plain_config(config, source)
+    # The saved weights replace any pretrained encoder weights: never read a file or cache named in config.
+    config = {**config, "pretrained": None} if config.get("pretrained") else config
     try:
         return build_model(**config)
     except (TypeError, ValueError, KeyError) as error:

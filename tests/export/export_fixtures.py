@@ -1,0 +1,56 @@
+"""Tiny models and metadata shared by the export/predict tests (a plain module: test files stay unique)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from segattn.attention import attention_options
+from segattn.models import build_model
+
+CLASSES = ["background", "thing", "stuff"]
+PALETTE = [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+SIZE = (32, 32)  # export size: a 4 × 4 token grid at patch 8
+SECOND = (2, 3, 24, 40)  # batch 2, non-square, a different token count
+
+
+def tiny_options(name: str) -> dict[str, Any]:
+    """Shrink the variants whose defaults hold large tensors (Linformer's E, F over 4096 positions)."""
+    return {"max_tokens": 64, "proj_len": 8} if "max_tokens" in attention_options(name) else {}
+
+
+def tiny_model(name: str, seed: int = 0) -> nn.Module:
+    """A one-block ViT (dim 16, 2 heads, patch 8) with attention ``name``, random weights, eval mode."""
+    torch.manual_seed(seed)
+    model = build_model(
+        "vit",
+        num_classes=len(CLASSES),
+        attention=name,
+        attention_options=tiny_options(name),
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        patch_size=8,
+        img_size=SIZE[0],
+    )
+    return model.eval()
+
+
+def tiny_info(model: nn.Module) -> dict[str, Any]:
+    """The info dict ``segattn.load_model`` returns, for a model built in a test."""
+    return {
+        "format": "test",
+        "path": "",
+        "model": model.config,
+        "num_classes": len(CLASSES),
+        "classes": CLASSES,
+        "palette": PALETTE,
+        "mean": MEAN,
+        "std": STD,
+        "ignore_index": 255,
+        "dataset": "synthetic",
+    }
