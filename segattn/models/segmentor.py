@@ -52,10 +52,10 @@ class Segmentor(nn.Module):
 
     def _segment(self, images: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
         height, width = images.shape[-2:]
-        # Round up by floor division, not %: under torch.compile(dynamic=True) (torch 2.14) a %-derived size
-        # that reaches F.interpolate fails in AOTAutograd ("TensorReferenceAnalysis has no python_mod").
-        pad_h = -(-height // self.stride) * self.stride - height
-        pad_w = -(-width // self.stride) * self.stride - width
+        # Round up as (n + s - 1) // s on non-negative sizes: a %-derived size reaching F.interpolate breaks
+        # torch.compile(dynamic=True) in torch 2.14, and ONNX integer Div truncates negative quotients.
+        pad_h = (height + self.stride - 1) // self.stride * self.stride - height
+        pad_w = (width + self.stride - 1) // self.stride * self.stride - width
         padded = F.pad(images, (0, pad_w, 0, pad_h))
         features = self.encoder(padded)
         logits = self._to_input_size(self.head(features), padded, height, width)
