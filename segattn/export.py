@@ -56,13 +56,14 @@ def attention_name(info: dict[str, Any]) -> str:
 
 
 def check_sizes(height: int, width: int) -> list[tuple[int, int, int, int]]:
-    """The export size at batch 1, then batch 2 at a second, non-square size."""
-    second = (height - height // 4, width + width // 4) if height == width else (width, height)
-    return [(1, 3, height, width), (2, 3, *second)]
+    """The export size at batch 1, then batch 2 at a second size: non-square, no multiple of a patch stride
+    (so the model's padding runs), and not the size tracing exporters trace at."""
+    second = (height * 3 // 4 + 3, width * 5 // 4 + 5)
+    return [(1, 3, height, width), (2, 3, second[0], second[1] + (second[0] == second[1]))]
 
 
 def trace_size(height: int, width: int) -> tuple[int, int]:
-    """Where TorchScript traces: not the export size, not a multiple of any patch stride.
+    """Where tracing exporters trace: not the export size, not a multiple of any patch stride.
 
     Tracing records only the branch taken; at the export (= training) size a ViT skips resampling its
     position embedding and needs no padding, and that trace would fail at any other size.
@@ -196,8 +197,10 @@ def onnx_attempt(
 
     dynamic = attention_class(attention_name(info)).onnx_dynamic
     label = f"onnx[{attention_name(info)}, {exporter} exporter]"
-    # Batch 2 in the example: torch.export specialises a dimension whose example size is 0 or 1.
-    torch_onnx_export(wrapper, torch.randn(2, *shapes[0][1:]), path, opset, exporter, dynamic)
+    # Batch 2: torch.export specialises a dimension whose example size is 0 or 1. A dynamic graph is
+    # traced at trace_size so that the TorchScript-based exporter records the general branches.
+    example = torch.randn(2, 3, *(trace_size(*shapes[0][2:]) if dynamic else shapes[0][2:]))
+    torch_onnx_export(wrapper, example, path, opset, exporter, dynamic)
     proto = onnx.load(str(path))
     proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(info, dynamic, exporter))
     onnx.save(proto, str(path))
