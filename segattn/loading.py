@@ -9,6 +9,7 @@ config under ``ckpt["segattn"]``) and an exported directory (``model.safetensors
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,13 @@ def rebuild(config: dict[str, Any], source: str) -> nn.Module:
         raise ValueError(f"{source}: cannot rebuild the model from its saved config: {error}") from None
 
 
-def report_mismatch(missing: list[str], unexpected: list[str], source: str) -> None:
-    """A strict load's failure, naming the file and a few missing / unexpected keys."""
+def load_weights(load: Callable[[], tuple[list[str], list[str]]], source: str) -> None:
+    """Run a non-strict ``load`` and fail, naming the file, on missing, unexpected or mis-shaped tensors."""
+    try:
+        missing, unexpected = load()
+    except RuntimeError as error:  # shape mismatches: one line per tensor, the first few are enough
+        lines = [line.strip() for line in str(error).splitlines()[1:4]]
+        raise ValueError(f"{source}: weights do not match the rebuilt model: {' '.join(lines)}") from None
     if missing or unexpected:
         raise ValueError(
             f"{source}: weights do not match the rebuilt model: missing {missing[:5]} "
@@ -107,7 +113,7 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
     model = rebuild(meta["model"], str(path))
     prefix = "model."
     state = {key[len(prefix) :]: value for key, value in ckpt["state_dict"].items() if key.startswith(prefix)}
-    report_mismatch(*model.load_state_dict(state, strict=False), str(path))
+    load_weights(lambda: model.load_state_dict(state, strict=False), str(path))
     return model.eval(), describe(meta["model"], meta.get("data") or {}, path, "checkpoint")
 
 
@@ -122,13 +128,16 @@ def load_exported(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
                 f"{WEIGHTS_FILE} and classes.json (python -m segattn.export format=safetensors)"
             )
     source = str(directory / MODEL_FILE)
-    meta = yaml.safe_load((directory / MODEL_FILE).read_text())
+    try:
+        meta = yaml.safe_load((directory / MODEL_FILE).read_text())
+    except yaml.YAMLError as error:  # safe_load refuses python/object tags: they could run code
+        raise ValueError(f"{source}: not a plain YAML mapping: {error}") from None
     if not isinstance(meta, dict) or "model" not in meta:
         raise ValueError(f"{source}: expected a mapping with a 'model' entry")
     check_plain_config(meta, source, "model.yaml")
     model = rebuild(meta["model"], source)
-    missing, unexpected = load_safetensors(model, directory / WEIGHTS_FILE, strict=False)
-    report_mismatch(missing, unexpected, str(directory / WEIGHTS_FILE))
+    weights = directory / WEIGHTS_FILE
+    load_weights(lambda: load_safetensors(model, weights, strict=False), str(weights))
     data = dict(meta.get("data") or {})
     if (directory / "classes.json").is_file():
         data.update(read_classes(directory))
