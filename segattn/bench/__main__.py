@@ -63,6 +63,7 @@ def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> Non
         warmup=values.get("warmup", 1),
         config_seconds=values["config_seconds"],
         max_call_seconds=values["max_call_seconds"],
+        clock=args.clock,
         memory=not args.no_memory,
     )
     run(settings, device, out_dir)
@@ -81,6 +82,7 @@ def run_model(args: argparse.Namespace, device: torch.device, out_dir: Path) -> 
         batch=values.get("batch", 1),
         repeats=values["repeats"],
         max_step_seconds=values["max_step_seconds"],
+        clock=args.clock,
         memory=not args.no_memory,
     )
     run(settings, device, out_dir)
@@ -114,6 +116,12 @@ def common_parser() -> argparse.ArgumentParser:
     common.add_argument("--device", help="cpu or cuda[:i] (default: cuda when available)")
     common.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     common.add_argument("--variants", nargs="+", help="attention specs, e.g. flatten linear:feature_map=relu")
+    common.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="CPU timing clock: wall time, or process CPU time (robust on a busy machine with --threads 1)",
+    )
     common.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     return common
 

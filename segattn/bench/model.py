@@ -37,6 +37,7 @@ class ModelSettings:
     batch: int = 1
     repeats: int = 3
     max_step_seconds: float = 300.0
+    clock: str = "wall"
     memory: bool = True
     memory_timeout: float = 3600.0
 
@@ -175,7 +176,7 @@ def round_robin(
             if label in failed:
                 continue
             try:
-                seconds = time_call(step, device)
+                seconds = time_call(step, device, settings.clock)
             except RuntimeError as error:
                 failed[label] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:200]}"
                 synchronize(device)

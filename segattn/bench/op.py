@@ -35,8 +35,9 @@ REFERENCE = "softmax"
 DEFINITION = (
     "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
     "incl. FLatten's focusing map and DWC); floor = addcmul(q, k, v, out=buf), one pass reading q, k, v "
-    "and writing the output; ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd); bf16 = bf16 inputs "
-    "under autocast. Cells: median time, ratio, peak memory above the inputs (fresh process)."
+    "and writing the output; fwd+bwd adds the gradients w.r.t. q, k, v and the variant's own parameters; "
+    "ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd); bf16 = bf16 inputs under autocast. "
+    "Cells: median time, ratio, peak memory above the inputs (fresh process)."
 )
 
 
@@ -53,6 +54,7 @@ class OpSettings:
     warmup: int = 1
     config_seconds: float = 20.0
     max_call_seconds: float = 60.0
+    clock: str = "wall"
     memory: bool = True
     memory_timeout: float = 1800.0
 
@@ -101,9 +103,10 @@ class OpCase:
             with torch.no_grad(), self._precision():
                 self.module.mix_tokens(*self.inputs(), self.hw)
             return
+        inputs = self.inputs()
         with self._precision():
-            out = self.module.mix_tokens(*self.inputs(), self.hw)
-        torch.autograd.grad(out, self.leaves + self.params, self.grad_out, allow_unused=True)
+            out = self.module.mix_tokens(*inputs, self.hw)
+        torch.autograd.grad(out, [*inputs, *self.params], self.grad_out, allow_unused=True)
 
     def floor(self) -> None:
         q, k, v = self.inputs()
@@ -123,7 +126,7 @@ def interleaved_medians(
     wanted: dict[str, int] = {}
     for name, fn in calls.items():
         try:
-            seconds = [time_call(fn, device) for _ in range(max(1, settings.warmup))][-1]
+            seconds = [time_call(fn, device, settings.clock) for _ in range(max(1, settings.warmup))][-1]
         except RuntimeError as error:
             results[name] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:120]}"
             continue
@@ -132,7 +135,7 @@ def interleaved_medians(
     for round_ in range(max(wanted.values(), default=0)):
         for name, count in wanted.items():
             if round_ < count:
-                samples[name].append(time_call(calls[name], device))
+                samples[name].append(time_call(calls[name], device, settings.clock))
     results.update({name: (statistics.median(times), len(times)) for name, times in samples.items()})
     return results
 
