@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import HW, AttentionBase, from_grid, to_grid
+from .base import HW, AttentionBase
 from .functional import focused_feature_map, focused_linear_attention
+from .fused import FocusedAttention, use_fused
 
 
 class FocusedLinearAttention(AttentionBase):
@@ -44,15 +45,31 @@ class FocusedLinearAttention(AttentionBase):
         return focused_feature_map(x, self.focusing_factor)
 
     def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        q, k = self.focus(q), self.focus(k)
-        v_heads = self.split_heads(v)  # [B, h, N, d]
-        out = self.merge_heads(
-            focused_linear_attention(self.split_heads(q), self.split_heads(k), v_heads, self.eps)
-        )
-        batch, heads, tokens, head_dim = v_heads.shape
-        v_grid = to_grid(v_heads.reshape(batch * heads, tokens, head_dim), hw)  # [B·h, d, H, W]
-        local = from_grid(self.dwc(v_grid)).reshape(batch, heads, tokens, head_dim)
-        return out + self.merge_heads(local)
+        local = self.local_context(v, hw)  # [B, h, N, d]
+        if use_fused():  # one autograd node; the focused maps are recomputed in backward
+            return FocusedAttention.apply(
+                q, k, v, local, self.scale, self.focusing_factor, self.eps, self.num_heads
+            )
+        q, k = self.split_heads(self.focus(q)), self.split_heads(self.focus(k))
+        return self.merge_heads(focused_linear_attention(q, k, self.split_heads(v), self.eps) + local)
+
+    def local_context(self, v: Tensor, hw: HW) -> Tensor:
+        """The DWC branch: each head's V as a d-channel image through the shared depthwise conv; [B, h, N, d].
+
+        Run channels-last (image memory [B·h, H, W, d], weight too): several times faster than NCHW here,
+        and the head-major result needs no transpose.
+        """
+        batch, tokens, _ = v.shape
+        images = self.split_heads(v).reshape(batch * self.num_heads, hw[0], hw[1], self.head_dim)
+        weight = self.dwc.weight.contiguous(memory_format=torch.channels_last)
+        local = F.conv2d(
+            images.permute(0, 3, 1, 2),
+            weight,
+            self.dwc.bias,
+            padding=self.dwc.padding,
+            groups=self.dwc.groups,
+        )  # [B·h, d, H, W]
+        return local.permute(0, 2, 3, 1).reshape(batch, self.num_heads, tokens, self.head_dim)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, focusing_factor={self.focusing_factor}"

@@ -4,6 +4,10 @@ The linear variants never build an N×N tensor: they contract keys with values f
 and then apply the queries. Feature maps, the kᵀv product and the normaliser run in fp32 even under
 bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the dtype of ``v``.
 Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
+
+Each linear function has a fast path (``fused.py``: autograd Functions that write fewer intermediates and
+recompute feature maps in backward) taken in eager mode; while tracing, exporting or compiling, the plain
+code below runs instead, so exporters and compilers see ordinary ops.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from . import fused
 
 __all__ = [
     "efficient_attention",
@@ -53,23 +59,33 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
 
-@full_precision
 def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "softmax") -> Tensor:
     """Efficient Attention (Shen et al. 2018): ρq(q) · (ρk(k)ᵀ v).
 
     ``softmax``: ρq = softmax of each query over its d channels, ρk = softmax of each key channel over
     the N positions (no 1/√d). ``scale``: ρq = q/√N, ρk = k/√N, which equals (q kᵀ / N) v exactly.
     """
-    if normalization == "softmax":
-        q, k = q.softmax(dim=-1), k.softmax(dim=-2)
-    elif normalization == "scale":
-        n = k.shape[-2]
-        q, k = q * n**-0.5, k * n**-0.5
-    else:
+    if normalization not in EFFICIENT_NORMALIZATIONS:
         raise ValueError(
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
+    if not fused.use_fused():
+        return _efficient_attention(q, k, v, normalization)
+    if normalization == "softmax":
+        phi_q, phi_k = fused.Softmax(-1), fused.Softmax(-2)
+    else:
+        phi_q = phi_k = fused.Scale(k.shape[-2] ** -0.5)
+    return fused.KernelAttention.apply(q, k, v, phi_q, phi_k, 1.0, 0.0, False, False)
+
+
+@full_precision
+def _efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str) -> Tensor:
+    if normalization == "softmax":
+        q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+    else:
+        n = k.shape[-2]
+        q, k = q * n**-0.5, k * n**-0.5
     context = k.transpose(-2, -1) @ v  # [B, h, d, d]
     return q @ context
 
@@ -81,26 +97,40 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Ten
     return (phi_q @ context) / (normalizer + eps)
 
 
-@full_precision
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6) -> Tensor:
     """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ."""
-    if feature_map == "elu":
-        phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
-    elif feature_map == "relu":
-        phi_q, phi_k = F.relu(q), F.relu(k)
-    else:
+    if feature_map not in LINEAR_FEATURE_MAPS:
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
-    return kernel_attention(phi_q, phi_k, v, eps)
+    if not fused.use_fused():
+        return _linear_attention(q, k, v, feature_map, eps)
+    phi = fused.EluPlusOne() if feature_map == "elu" else fused.Relu()
+    return fused.KernelAttention.apply(q, k, v, phi, phi, 1.0, eps, True, False)
 
 
 @full_precision
+def _linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float) -> Tensor:
+    if feature_map == "elu":
+        phi_q, phi_k = F.elu(q) + 1.0, F.elu(k) + 1.0
+    else:
+        phi_q, phi_k = F.relu(q), F.relu(k)
+    return kernel_attention(phi_q, phi_k, v, eps)
+
+
 def taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
     """Taylor linear attention (Li et al. 2020): sim(q, k) = 1 + q̂ᵀk̂ with q̂, k̂ L2-normalised per head.
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
+    if not fused.use_fused():
+        return _taylor_attention(q, k, v, eps)
+    phi = fused.L2Normalize(eps)
+    return fused.KernelAttention.apply(q, k, v, phi, phi, 1.0, eps, True, True)
+
+
+@full_precision
+def _taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float) -> Tensor:
     n = k.shape[-2]
     q_hat, k_hat = F.normalize(q, dim=-1, eps=eps), F.normalize(k, dim=-1, eps=eps)
     numerator = v.sum(dim=-2, keepdim=True) + q_hat @ (k_hat.transpose(-2, -1) @ v)
@@ -123,13 +153,20 @@ def focused_feature_map(x: Tensor, p: float = 3.0) -> Tensor:
     return out.to(dtype)
 
 
-@full_precision
 def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
     """FLatten's kernel product with φ = identity: out_i = q_iᵀ(kᵀv / N) / (q_iᵀ mean_j k_j + eps).
 
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
+    if not fused.use_fused():
+        return _focused_linear_attention(q, k, v, eps)
+    identity = fused.Scale(1.0)
+    return fused.KernelAttention.apply(q, k, v, identity, identity, 1.0 / k.shape[-2], eps, True, False)
+
+
+@full_precision
+def _focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float) -> Tensor:
     n = k.shape[-2]
     context = (k.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5)  # [B, h, d, d]
     normalizer = q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
