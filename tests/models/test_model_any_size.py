@@ -19,11 +19,11 @@ def test_forward_backward_any_size(build_tiny, name: str, attention: str) -> Non
     model = build_tiny(name, attention, aux_head=True).train()
     for height, width in SIZES:
         model.zero_grad(set_to_none=True)
-        images = torch.randn(2, 3, height, width)
-        target = torch.randint(0, 3, (2, height, width))
+        images = torch.randn(1, 3, height, width)
+        target = torch.randint(0, 3, (1, height, width))
         logits, aux = model.forward_with_aux(images)
-        assert logits.shape == (2, 3, height, width)
-        assert aux is not None and aux.shape == (2, 3, height, width)
+        assert logits.shape == (1, 3, height, width)
+        assert aux is not None and aux.shape == (1, 3, height, width)
         (F.cross_entropy(logits, target) + model.aux_weight * F.cross_entropy(aux, target)).backward()
         for pname, param in model.named_parameters():
             assert param.grad is not None, f"{name}/{attention} {height}×{width}: {pname} got no gradient"
