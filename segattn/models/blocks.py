@@ -52,17 +52,16 @@ class MixFFN(nn.Module):
     ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+    def __init__(self, dim: int, hidden_dim: int) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden_dim, dim)
-        self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
         x = from_grid(self.dwconv(to_grid(self.fc1(x), hw)))  # [B, N, hidden]
-        return self.drop(self.fc2(self.drop(self.act(x))))
+        return self.fc2(self.act(x))
 
 
 class Block(nn.Module):
