@@ -9,7 +9,8 @@ tracing, exporting or compiling), arranged for fewer passes over memory:
   batched matmul that yields numerator and denominator together;
 - the output and the input gradients are written in the memory order of v and q (for the modules: heads
   merged, [B, N, C]), so no ``.contiguous()`` copy follows;
-- backward saves only q, k, v, the output and [d, d+1] contexts, and recomputes the feature maps.
+- backward saves q, k, v and the [d, d+1] contexts, not the output; cheap feature maps (relu, scaling,
+  FLatten's focusing) are recomputed rather than saved.
 
 Notation per head: A = φ(q), K = φ(k) [N, d]; S = c·KᵀV, z = c·Kᵀ1; O = (A S + β) / (A z + β₀ + eps).
 """
@@ -56,13 +57,19 @@ def _heads_batch(x: Tensor) -> Tensor:
 
 
 class FeatureMap:
-    """φ applied per head on [B, h, N, d]; subclasses define the map and its vector-Jacobian product."""
+    """φ applied per head on [B, h, N, d]; subclasses define the map and its vector-Jacobian product.
+
+    ``saved``: keep φ(x) for backward (maps that cost several passes: exp, softmax, norms); otherwise it
+    is recomputed from x (relu, scaling: one pass, and the memory stays free).
+    """
+
+    saved = True
 
     def forward(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         raise NotImplementedError
 
     def backward(self, x: Tensor, phi: Tensor, grad: Tensor, out: Tensor) -> None:
-        """Write ∂L/∂x into ``out``; ``phi`` = φ(x) may be overwritten."""
+        """Write ∂L/∂x into ``out`` given ``phi`` = φ(x) (left unchanged)."""
         raise NotImplementedError
 
 
@@ -75,10 +82,12 @@ class EluPlusOne(FeatureMap):
         return phi.add_(x.clamp(min=0))
 
     def backward(self, x: Tensor, phi: Tensor, grad: Tensor, out: Tensor) -> None:
-        torch.mul(grad, phi.clamp_(max=1), out=out)  # φ'(x) = exp(min(x, 0)) = min(φ(x), 1); φ is spent
+        torch.mul(grad, phi.clamp(max=1), out=out)  # φ'(x) = exp(min(x, 0)) = min(φ(x), 1)
 
 
 class Relu(FeatureMap):
+    saved = False
+
     def forward(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         return torch.maximum(x, _zero(x, dtype), out=torch.empty(x.shape, dtype=dtype, device=x.device))
 
@@ -88,6 +97,8 @@ class Relu(FeatureMap):
 
 class Scale(FeatureMap):
     """φ(x) = c·x (c = 1: identity)."""
+
+    saved = False
 
     def __init__(self, factor: float) -> None:
         self.factor = factor
@@ -126,7 +137,10 @@ class Softmax(FeatureMap):
         return torch.softmax(x, dim=self.dim, dtype=dtype)
 
     def backward(self, x: Tensor, phi: Tensor, grad: Tensor, out: Tensor) -> None:
-        out.copy_(torch._softmax_backward_data(grad, phi, self.dim, phi.dtype))
+        if out.dtype == phi.dtype and out.is_contiguous():  # the out= kernel assumes a dense result
+            torch._softmax_backward_data(grad, phi, self.dim, phi.dtype, grad_input=out)
+        else:
+            out.copy_(torch._softmax_backward_data(grad, phi, self.dim, phi.dtype))
 
 
 # --- the kernel product on features --------------------------------------------------------------------
@@ -183,8 +197,10 @@ def kernel_backward(
         flat = _heads_batch(grad.to(dtype))
         grad_q = torch.bmm(flat, _heads_batch(ctx).mT).view(phi_q.shape)
         grad_kv = torch.bmm(_heads_batch(phi_q).mT, flat)
-        grad_k = torch.bmm(_heads_batch(v), grad_kv.mT).mul_(factor).view(keys.shape)
-        grad_v = torch.bmm(_heads_batch(keys), grad_kv).mul_(factor).view(v.shape)
+        grad_k = torch.bmm(_heads_batch(v), grad_kv.mT).view(keys.shape)
+        grad_v = torch.bmm(_heads_batch(keys), grad_kv).view(v.shape)
+        if factor != 1:
+            grad_k.mul_(factor), grad_v.mul_(factor)
         return grad_q, grad_k, grad_v
     scaled = torch.empty(*grad.shape[:-1], dv + 1, dtype=dtype, device=grad.device)  # [ĝ | −r]
     torch.mul(grad, inv, out=scaled[..., :dv])
@@ -232,15 +248,18 @@ class KernelAttention(torch.autograd.Function):
             out = empty_in_order(v, v.dtype)
             inv = apply_context(a, kv, bias, eps, out)
         ctx.maps, ctx.factor = (phi_q, phi_k), factor
-        ctx.save_for_backward(q, k, v, kv, inv, bias)
+        ctx.save_for_backward(
+            q, k, v, kv, inv, bias, a if phi_q.saved else None, keys if phi_k.saved else None
+        )
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, kv, inv, bias = ctx.saved_tensors
+        q, k, v, kv, inv, bias, a, keys = ctx.saved_tensors
         phi_q, phi_k = ctx.maps
         with torch.autocast(q.device.type, enabled=False):
-            a, keys = phi_q.forward(q, kv.dtype), phi_k.forward(k, kv.dtype)
+            a = phi_q.forward(q, kv.dtype) if a is None else a
+            keys = phi_k.forward(k, kv.dtype) if keys is None else keys
             grad_a, grad_keys, grad_v = kernel_backward(
                 grad, a, keys, v.to(kv.dtype), kv, inv, ctx.factor, bias
             )
