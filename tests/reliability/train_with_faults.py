@@ -1,0 +1,45 @@
+"""``python train.py`` with test-only fault callbacks added to the callbacks registry, so subprocess tests
+can plant faults through config overrides (``+callbacks.raise_at_step.rank=1``). Production code has no
+test hooks: this script extends ``segattn.train.CALLBACKS`` and then runs train.py as ``__main__``; DDP
+child processes re-run this script, so they get the same callbacks."""
+
+from __future__ import annotations
+
+import runpy
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+
+from segattn.train import CALLBACKS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RaiseAtStep(pl.Callback):
+    """Rank ``rank`` raises RuntimeError at global step ``step``: a crash on one DDP process."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"planted failure on rank {self.rank} at step {self.step}")
+
+
+class ParkAt(pl.Callback):
+    """At (epoch, batch) write ``marker`` and sleep: the test kills the process there, mid-epoch."""
+
+    def __init__(self, epoch: int, batch: int, marker: str, seconds: float = 120.0) -> None:
+        self.epoch, self.batch, self.marker, self.seconds = epoch, batch, Path(marker), seconds
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            self.marker.write_text(str(trainer.global_step))
+            time.sleep(self.seconds)
+
+
+CALLBACKS.update({"raise_at_step": RaiseAtStep, "park_at": ParkAt})
+
+if __name__ == "__main__":
+    runpy.run_path(str(REPO / "train.py"), run_name="__main__")
