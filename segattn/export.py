@@ -115,15 +115,17 @@ def first_line(error: BaseException) -> str:
     return ": ".join(lines)
 
 
-def latency(run: Any, images: Tensor, repeats: int = 3) -> float:
-    """Median wall time of ``run(images)`` in milliseconds, after one warm-up call."""
-    run(images)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(images)
-        times.append(time.perf_counter() - start)
-    return 1000 * sorted(times)[len(times) // 2]
+def latency(runs: dict[str, Any], images: Tensor, repeats: int = 5) -> dict[str, float]:
+    """Median wall time in ms of each ``run(images)``, after a warm-up; runs alternate so that load from
+    other processes falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for step in range(repeats + 1):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(images)
+            if step:
+                times[name].append(1000 * (time.perf_counter() - start))
+    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
 
 
 def onnx_metadata(info: dict[str, Any], dynamic: bool, exporter: str) -> str:
@@ -206,6 +208,7 @@ def onnx_attempt(
     onnx.save(proto, str(path))
     options = ort.SessionOptions()
     options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
+    options.intra_op_num_threads = torch.get_num_threads()  # latency compares like with like
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     input_shape = session.get_inputs()[0].shape
     if dynamic and any(isinstance(dim, int) for dim in (input_shape[0], *input_shape[2:])):
@@ -259,11 +262,11 @@ def export_onnx(
     write_metadata(info, out)
     images = torch.randn(1, 3, *size)
     with torch.inference_mode():
-        timing = {"onnxruntime_ms": latency(run_ort, images), "pytorch_ms": latency(wrapper, images)}
+        timing = latency({"onnxruntime_ms": run_ort, "pytorch_ms": wrapper}, images)
     print(
         f"onnx[{name}]: CPU latency at 1x3x{size[0]}x{size[1]}: "
         f"onnxruntime {timing['onnxruntime_ms']:.1f} ms, PyTorch {timing['pytorch_ms']:.1f} ms "
-        f"(median of 3, {torch.get_num_threads()} threads)"
+        f"(median of 5, {torch.get_num_threads()} threads)"
     )
     return {
         "format": "onnx",
@@ -355,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         "opset": 18,
         "atol": 1e-4,
         "exporter": "auto",
+        "threads": 0,
     }
     args = parse_cli(sys.argv[1:] if argv is None else argv, defaults, "segattn.export")
+    if args["threads"]:
+        torch.set_num_threads(args["threads"])  # PyTorch and onnxruntime (latency report) alike
     try:
         model, info = load_model(args["checkpoint"])
         start = time.perf_counter()
