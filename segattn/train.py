@@ -11,7 +11,6 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import (
     EarlyStopping,
-    ModelCheckpoint,
     RichModelSummary,
     RichProgressBar,
 )
@@ -19,22 +18,27 @@ from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
 from pytorch_lightning.utilities import rank_zero_info
 
+from .atomic import AtomicCheckpointIO
 from .callbacks import WandbValidationPanel
 from .checkpoint import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
 from .config import check_config
 from .data import SegDataModule
+from .guards import NonFiniteGuard
+from .last_checkpoint import ResumableModelCheckpoint
 from .losses import SegLoss
 from .models import build_model
 from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
 from .summary import print_summary, summarize
+from .validation import preflight
 
 CALLBACKS: dict[str, type[pl.Callback]] = {
-    "model_checkpoint": ModelCheckpoint,
+    "model_checkpoint": ResumableModelCheckpoint,  # last.ckpt after every epoch, also without improvement
     "early_stopping": EarlyStopping,
     "rich_progress_bar": RichProgressBar,
     "rich_model_summary": RichModelSummary,
     "wandb_panel": WandbValidationPanel,
+    "nonfinite_guard": NonFiniteGuard,
 }
 LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
 STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}
@@ -120,7 +124,8 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
     kwargs = plain(cfg.trainer)
     kwargs["strategy"] = build_strategy(kwargs.get("strategy", "auto"))
     callbacks = build_from_registry("callbacks", CALLBACKS, plain(cfg.callbacks))
-    return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks)
+    plugins = [AtomicCheckpointIO()]  # checkpoints are written to a temp file, fsync'ed, then renamed
+    return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks, plugins=plugins)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -133,6 +138,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
+    preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
     loggers = build_loggers(cfg, resume_from)
     failed = True
     try:

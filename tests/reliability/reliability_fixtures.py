@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 FAULTS_SCRIPT = Path(__file__).with_name("train_with_faults.py")
 sys.path.insert(0, str(REPO / "tests" / "data"))  # data_fixtures and the planted bad-data cases
 
-# 32x32 synthetic images, a 2-block ViT of width 32: a training step takes milliseconds.
-TINY = [
+# 32x32 synthetic images and tiny models: a training step takes milliseconds.
+BASE = [
     "data=synthetic",
     "data.image_size=[32,32]",
     "data.crop_size=[32,32]",
@@ -27,12 +27,6 @@ TINY = [
     "data.num_val=2",
     "data.batch_size=4",
     "data.val_batch_size=2",
-    "model=vit",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
-    "model.patch_size=8",
-    "model.head_channels=16",
     "attention=linear",
     "trainer.accelerator=cpu",
     "trainer.num_sanity_val_steps=0",
@@ -40,6 +34,16 @@ TINY = [
     "callbacks.rich_model_summary=null",
     "callbacks.wandb_panel=null",
 ]
+VIT = [
+    "model=vit",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "model.patch_size=8",
+    "model.head_channels=16",
+]
+UNET = ["model=unet", "model.encoder=test_resnet", "model.head_channels=16"]  # has BatchNorm buffers
+TINY = [*BASE, *VIT]
 
 
 def compose_run(tmp_path: Path, *overrides: str, run: str = "run") -> DictConfig:

@@ -14,7 +14,7 @@ import torch
 from reliability_fixtures import TINY, compose_run
 
 from segattn.atomic import AtomicCheckpointIO, atomic_save, temp_files
-from segattn.train import build_trainer
+from segattn.train import build_trainer, run
 
 # A child that overwrites ckpt with new tensors through atomic_save, but whose serializer writes half the
 # bytes, signals the test, and stalls: the test kills it there with SIGKILL.
@@ -92,3 +92,15 @@ def test_new_file_is_complete_and_has_default_permissions(tmp_path):
 def test_training_writes_checkpoints_through_atomic_io(tmp_path, trainer):
     cfg = compose_run(tmp_path, *TINY, f"trainer={trainer}", "logger=none")
     assert isinstance(build_trainer(cfg, []).strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_last_ckpt_follows_every_epoch_even_without_improvement(tmp_path):
+    # lr=0: weights never change, so val/mIoU never improves after epoch 1 and no best.ckpt is saved again;
+    # stock Lightning >= 2.5 would then leave last.ckpt at epoch 1 and ckpt_path=last would lose 2 epochs.
+    cfg = compose_run(tmp_path, *TINY, "trainer.max_epochs=3", "optimizer.lr=0", "logger=none")
+    run(cfg)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    best = torch.load(checkpoints / "best.ckpt", map_location="cpu", weights_only=True)
+    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
+    assert best["global_step"] == 2 and last["global_step"] == 6 and last["epoch"] == 2
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]

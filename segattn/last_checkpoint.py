@@ -1,0 +1,31 @@
+"""ModelCheckpoint whose ``last.ckpt`` follows every epoch, so ``ckpt_path=last`` after a crash resumes
+from the latest epoch rather than from the latest improvement.
+
+Since Lightning 2.5, ``save_last=True`` writes last.ckpt only when a top-k checkpoint was saved in the
+same step: with ``monitor=val/mIoU, save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies
+would resume ten epochs back.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+
+class ResumableModelCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, plus a last.ckpt at each epoch-end save point that saved nothing."""
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self.save_last_if_missed(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self.save_last_if_missed(trainer)
+
+    def save_last_if_missed(self, trainer: pl.Trainer) -> None:
+        """Write last.ckpt unless a checkpoint (and with it last.ckpt) was already saved at this step."""
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

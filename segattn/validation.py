@@ -1,0 +1,68 @@
+"""Checks a run passes before it creates a logger, a trainer or any output: the data splits exist (every
+file is read and checked with ``data.validate=true``), and the model accepts the sizes it will see.
+
+Unknown model / attention / dataset names and a ``data.num_classes`` that disagrees with the dataset are
+refused earlier, by the builders themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from omegaconf import DictConfig
+
+from .attention import AttentionBase
+from .data import SegDataModule
+from .data.transforms import as_hw
+from .models import Segmentor
+from .tiling import scaled_size
+
+
+def attention_grid(model: Segmentor, size: Sequence[int]) -> tuple[int, int]:
+    """The largest token grid any attention layer of ``model`` sees for an input of ``size`` (H, W): the
+    Segmentor pads to a multiple of its stride; the finest encoder level sets the grid."""
+    stride, finest = model.stride, min(model.encoder.out_strides)
+    height, width = (-(-int(side) // stride) * stride // finest for side in size)
+    return height, width
+
+
+def check_token_limit(model: Segmentor, size: Sequence[int], where: str) -> None:
+    """Refuse a size whose token grid exceeds an attention layer's ``max_tokens`` (Linformer)."""
+    limits = [
+        module.max_tokens
+        for module in model.modules()
+        if isinstance(module, AttentionBase) and module.max_tokens is not None
+    ]
+    if not limits:
+        return
+    height, width = attention_grid(model, size)
+    if height * width > min(limits):
+        raise ValueError(
+            f"{where}: at {size[0]}×{size[1]} px the first attention stage sees a {height}×{width} grid = "
+            f"{height * width} tokens (stride {min(model.encoder.out_strides)}), more than "
+            f"attention.options.max_tokens={min(limits)}; set attention.options.max_tokens={height * width} "
+            "or use smaller crops"
+        )
+
+
+def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
+    """The input sizes validation will feed the model, by the config key that sets them."""
+    validation = cfg.validation
+    if validation.mode == "slide":
+        return {f"validation.crop_size={list(validation.crop_size)}": as_hw(validation.crop_size)}
+    dataset = datamodule.datasets["val"]
+    if len(dataset) == 0:
+        return {}
+    first = dataset[0]  # whole-image validation: the first image, at the largest test-time scale
+    height, width = first["image"].shape[-2:]
+    where = f"validation.scales={list(validation.scales)} on {first['path']}"
+    return {where: scaled_size(height, width, max(validation.scales))}
+
+
+def preflight(cfg: DictConfig, datamodule: SegDataModule, model: Segmentor) -> None:
+    """Fail before training: missing or empty splits, bad files (``data.validate``), sizes the model
+    cannot take. Errors name the file or config key and what was expected."""
+    datamodule.setup("fit")
+    sizes = {f"data.crop_size={list(as_hw(cfg.data.crop_size))}": as_hw(cfg.data.crop_size)}
+    for where, size in {**sizes, **eval_sizes(cfg, datamodule)}.items():
+        check_token_limit(model, size, where)
