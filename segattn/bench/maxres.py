@@ -20,7 +20,7 @@ import torch
 
 from .measure import Emit, PeakMemory, fix_malloc, guard_memory, run_isolated, time_call, total_memory_budget
 from .model import TrainStep, build_kwargs
-from .report import Panel, format_bytes, plot_panels, print_table, write_csv
+from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
 from .specs import Spec
 
 
@@ -116,6 +116,37 @@ def extrapolate(history: list[dict[str, Any]], budget: int, step: int) -> int | 
     return int(math.sqrt(pixels)) // step * step if pixels > 0 else 0
 
 
+def find_maxres(
+    model: Spec,
+    variant: Spec,
+    checkpointing: bool,
+    settings: MaxresSettings,
+    budget: int,
+    device: torch.device,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Bisect one (model, variant, checkpointing); return its result row and the probe history."""
+    task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
+    task |= {"dtype": settings.dtype, "checkpointing": checkpointing}
+    history: list[dict[str, Any]] = []
+
+    def fits(size: int) -> bool:
+        history.append(probe({**task, "size": size}, settings.probe_timeout))
+        peak = format_bytes(history[-1]["peak_bytes"]) if history[-1]["peak_bytes"] else "-"
+        name = f"{model.label} {variant.label}{' ckpt' if checkpointing else ''}"
+        progress(f"maxres {name}: {size}² {history[-1]['status']}, peak {peak}")
+        return history[-1]["fits"]
+
+    best = search(fits, settings.start, settings.step, settings.max_size)
+    failures = sorted((r for r in history if not r["fits"]), key=lambda r: r["size"])
+    row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing, "maxres": best}
+    row |= {"limited_by": failures[0]["status"] if failures else "max size", "budget_bytes": budget}
+    row["probes"] = len(history)
+    if settings.extrapolate_gib:
+        target = int(settings.extrapolate_gib * (1 << 30))
+        row[f"extrapolated_{settings.extrapolate_gib:g}gib"] = extrapolate(history, target, settings.step)
+    return row, [{"model": model.label, "variant": variant.label} | r for r in history]
+
+
 def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
     budget = settings.budget_bytes or total_memory_budget(device)
     rows: list[dict[str, Any]] = []
@@ -123,33 +154,9 @@ def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[d
     for model in settings.models:
         for variant in settings.variants:
             for checkpointing in settings.checkpointing:
-                task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
-                task |= {"dtype": settings.dtype, "checkpointing": checkpointing}
-                history: list[dict[str, Any]] = []
-
-                def fits(
-                    size: int, task: dict[str, Any] = task, history: list[dict[str, Any]] = history
-                ) -> bool:
-                    history.append(probe({**task, "size": size}, settings.probe_timeout))
-                    return history[-1]["fits"]
-
-                best = search(fits, settings.start, settings.step, settings.max_size)
-                failures = sorted((r for r in history if not r["fits"]), key=lambda r: r["size"])
-                limited_by = failures[0]["status"] if failures else "max size"
-                row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing}
-                row |= {
-                    "maxres": best,
-                    "limited_by": limited_by,
-                    "budget_bytes": budget,
-                    "probes": len(history),
-                }
-                if settings.extrapolate_gib:
-                    target = int(settings.extrapolate_gib * (1 << 30))
-                    row[f"extrapolated_{settings.extrapolate_gib:g}gib"] = extrapolate(
-                        history, target, settings.step
-                    )
+                row, history = find_maxres(model, variant, checkpointing, settings, budget, device)
                 rows.append(row)
-                probes += [{"model": model.label, "variant": variant.label} | r for r in history]
+                probes += history
     report(rows, probes, settings, budget, out_dir)
     return rows
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..attention import attention_class, attention_options
 from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, synchronize, time_call
 from .op import DTYPES
-from .report import Panel, format_bytes, plot_panels, print_table, write_csv
+from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
 from .specs import Spec
 
 NUM_CLASSES = 19
@@ -136,6 +136,7 @@ def time_steps(settings: ModelSettings, device: torch.device) -> list[dict[str, 
                     except (ValueError, TypeError) as error:
                         failed[variant.label] = f"error: {error}"
                         rows.append({**base, "variant": variant.label, "status": "error", "note": str(error)})
+                progress(f"model {model.label} {dtype} {size}²: {', '.join(steps) or 'nothing to time'}")
                 samples = round_robin(steps, device, settings, failed)
                 for label, times in samples.items():
                     if label in failed:

@@ -25,7 +25,7 @@ import torch
 
 from ..attention import AttentionBase, build_attention
 from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, time_call
-from .report import Panel, format_bytes, format_seconds, plot_panels, print_table, write_csv
+from .report import Panel, format_bytes, format_seconds, plot_panels, print_table, progress, write_csv
 from .specs import Spec, format_count, grid_for
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -177,6 +177,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                         cases[label] = OpCase(module, tokens, dtype, mode, settings.batch, device)
                 if not cases:
                     continue
+                progress(f"op {dtype} {mode} {format_count(tokens)} tokens: {', '.join(cases)}")
                 floor_case = next(iter(cases.values()))
                 calls: dict[str, Callable[[], None]] = {FLOOR: floor_case.floor, **cases}
                 results = interleaved_medians(calls, device, settings)

@@ -21,6 +21,11 @@ from rich.table import Table
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
 
+def progress(text: str) -> None:
+    """One dim line while a part runs (the tables come at the end)."""
+    console.print(f"[dim]{text}[/]")
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
