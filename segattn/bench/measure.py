@@ -157,7 +157,8 @@ def guard_memory(device: torch.device, limit: int) -> None:
 
 def is_out_of_memory(error: BaseException) -> bool:
     message = str(error)
-    return isinstance(error, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in message
+    oom_messages = ("can't allocate memory", "bad_alloc", "out of memory")
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or any(m in message for m in oom_messages)
 
 
 def _child(fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], threads: int, conn: Any) -> None:
