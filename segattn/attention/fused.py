@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 def use_fused() -> bool:
@@ -257,6 +258,7 @@ class KernelAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         q, k, v, kv, inv, bias, a, keys = ctx.saved_tensors
         phi_q, phi_k = ctx.maps
@@ -345,6 +347,7 @@ class FocusedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         q, k, v, scale, kv, inv = ctx.saved_tensors
         power, heads, dtype = ctx.power, ctx.heads, kv.dtype
