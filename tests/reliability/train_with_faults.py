@@ -5,7 +5,7 @@ child processes re-run this script, so they get the same callbacks."""
 
 from __future__ import annotations
 
-import runpy
+import importlib.util
 import time
 from pathlib import Path
 
@@ -42,4 +42,7 @@ class ParkAt(pl.Callback):
 CALLBACKS.update({"raise_at_step": RaiseAtStep, "park_at": ParkAt})
 
 if __name__ == "__main__":
-    runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+    # Executing train.py under the name __main__ runs its Hydra main; unlike runpy, sys.argv[0] stays this
+    # script, which is what Lightning re-launches for the DDP child processes.
+    spec = importlib.util.spec_from_file_location("__main__", REPO / "train.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
