@@ -16,17 +16,9 @@ from segattn.config import register_resolvers
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTS_SCRIPT = Path(__file__).with_name("train_with_faults.py")
-sys.path.insert(0, str(REPO / "tests" / "data"))  # data_fixtures and the planted bad-data cases
 
-# 32x32 synthetic images and tiny models: a training step takes milliseconds.
-BASE = [
-    "data=synthetic",
-    "data.image_size=[32,32]",
-    "data.crop_size=[32,32]",
-    "data.num_train=8",
-    "data.num_val=2",
-    "data.batch_size=4",
-    "data.val_batch_size=2",
+# CPU, quiet, no sanity validation; tiny models below and 32x32 synthetic images: steps take milliseconds.
+RUN = [
     "attention=linear",
     "trainer.accelerator=cpu",
     "trainer.num_sanity_val_steps=0",
@@ -34,6 +26,16 @@ BASE = [
     "callbacks.rich_model_summary=null",
     "callbacks.wandb_panel=null",
 ]
+SYNTHETIC = [
+    "data=synthetic",
+    "data.image_size=[32,32]",
+    "data.crop_size=[32,32]",
+    "data.num_train=8",
+    "data.num_val=2",
+    "data.batch_size=4",
+    "data.val_batch_size=2",
+]
+BASE = [*SYNTHETIC, *RUN]
 VIT = [
     "model=vit",
     "model.embed_dim=32",
