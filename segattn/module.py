@@ -57,6 +57,8 @@ class SegmentationModule(pl.LightningModule):
         if aux_logits is not None:
             logs["train/aux_loss"] = self.criterion(aux_logits, masks)
             loss = loss + self.model.aux_weight * logs["train/aux_loss"]
+        group = self.optimizers().param_groups[0]
+        logs["train/lr"] = group["lr"] / group.get("lr_scale", 1.0)  # the scheduled base LR
         self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
         self.log_dict(logs, batch_size=images.shape[0])
         return loss

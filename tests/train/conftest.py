@@ -29,9 +29,10 @@ TINY_DATA = [
     "data.persistent_workers=false",
     "data.pin_memory=false",
 ]
-# Per model family: the smallest widths its options allow.
+# Per model family: select it, with the smallest widths its options allow.
 TINY_MODEL = {
     "vit": [
+        "model=vit",
         "model.embed_dim=32",
         "model.depth=2",
         "model.num_heads=2",
@@ -39,12 +40,13 @@ TINY_MODEL = {
         "model.head_channels=16",
     ],
     "pvt": [
+        "model=pvt",
         "model.embed_dims=[16,16,32,32]",
         "model.depths=[1,1,1,1]",
         "model.num_heads=[1,1,2,2]",
         "model.head_channels=16",
     ],
-    "unet": ["model.encoder=resnet18", "model.head_channels=16"],
+    "unet": ["model=unet", "model.encoder=resnet18", "model.head_channels=16"],
 }
 # CPU, no progress bar or model table: quiet, quick runs.
 QUIET = [
