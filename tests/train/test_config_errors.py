@@ -1,0 +1,30 @@
+"""Contradictory or unknown settings fail before training, naming the key and the valid choices."""
+
+import pytest
+from conftest import compose_config
+
+from segattn.config import check_config
+from segattn.train import CALLBACKS, build_from_registry, build_strategy
+
+
+def test_resume_and_init_from_together_are_refused(tmp_path):
+    cfg = compose_config(["ckpt_path=last", "init_from=a.ckpt", f"paths.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="set only one"):
+        check_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(["validation.mode=tiles"], "expected one of whole, slide"), (["validation.mode=slide"], "crop_size")],
+)
+def test_validation_mode_is_checked(overrides, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        check_config(compose_config([*overrides, f"paths.output_dir={tmp_path}"]))
+
+
+def test_unknown_callback_logger_or_strategy_lists_the_valid_names():
+    with pytest.raises(ValueError, match=r"callbacks\.checkpointing: .*model_checkpoint"):
+        build_from_registry("callbacks", CALLBACKS, {"checkpointing": {}})
+    with pytest.raises(ValueError, match="expected one of ddp, fsdp"):
+        build_strategy({"name": "deepspeed"})
+    assert build_from_registry("callbacks", CALLBACKS, {"early_stopping": None}) == []
