@@ -18,11 +18,12 @@ LAST = "last.ckpt"
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's contents on the CPU, unpickled with ``weights_only=True``."""
+    """A checkpoint's contents on the CPU, unpickled with ``weights_only=True``; tensors are memory-mapped,
+    so reading only the metadata of a large checkpoint stays cheap."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:

@@ -58,9 +58,7 @@ def build_from_registry(
         if kwargs is None:
             continue
         if name not in registry:
-            raise ValueError(
-                f"{kind}.{name}: unknown {kind[:-1]}; expected one of {', '.join(sorted(registry))}"
-            )
+            raise ValueError(f"{kind}.{name}: unknown name; expected one of {', '.join(sorted(registry))}")
         objects.append(registry[name](**kwargs, **extra.get(name, {})))
     return objects
 
