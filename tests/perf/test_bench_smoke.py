@@ -67,7 +67,9 @@ def test_peak_memory_sees_a_known_allocation():
     with PeakMemory(torch.device("cpu")) as peak:
         block = torch.ones(64 * MIB // 4)  # 64 MiB, touched
         del block
-    assert 64 * MIB <= peak.peak < 96 * MIB
+    # ru_maxrss is a high-water mark: pages the process already had resident (freed earlier, reused by
+    # this block) do not raise it, so allow a few MiB below the block's size.
+    assert 56 * MIB <= peak.peak < 96 * MIB
 
 
 def allocate_child(task, emit):
