@@ -53,12 +53,12 @@ class SegmentationModule(pl.LightningModule):
         images, masks = batch["image"], batch["mask"]
         logits, aux_logits = self.model.forward_with_aux(images)
         loss = self.criterion(logits, masks)
-        logs = {"train/main_loss": loss}
-        if aux_logits is not None:
-            logs["train/aux_loss"] = self.criterion(aux_logits, masks)
-            loss = loss + self.model.aux_weight * logs["train/aux_loss"]
         group = self.optimizers().param_groups[0]
-        logs["train/lr"] = group["lr"] / group.get("lr_scale", 1.0)  # the scheduled base LR
+        logs = {"train/lr": group["lr"] / group.get("lr_scale", 1.0)}  # the scheduled base LR
+        if aux_logits is not None:
+            aux_loss = self.criterion(aux_logits, masks)
+            logs.update({"train/main_loss": loss, "train/aux_loss": aux_loss})
+            loss = loss + self.model.aux_weight * aux_loss
         self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
         self.log_dict(logs, batch_size=images.shape[0])
         return loss
@@ -100,5 +100,4 @@ class SegmentationModule(pl.LightningModule):
 
     def wandb_run_id(self) -> str | None:
         """Id of the W&B run this training logs to (None without a W&B logger)."""
-        loggers = self.trainer.loggers if self._trainer is not None else []
-        return next((logger.version for logger in loggers if isinstance(logger, WandbLogger)), None)
+        return next((lg.version for lg in self.trainer.loggers if isinstance(lg, WandbLogger)), None)

@@ -29,6 +29,6 @@ def test_experiment_fast_dev_run(name, train_config):
 
 @pytest.mark.parametrize("family", ["vit", "unet"])  # pvt: the experiments above
 def test_default_config_fast_dev_run_per_model_family(family, train_config):
-    _, summary = fast_dev_run(train_config, *TINY_MODEL[family])
+    _, summary = fast_dev_run(train_config, *TINY_MODEL[family], "model.aux_head=true")  # + aux loss
     assert summary["steps"] == 1
     assert not math.isnan(summary["final"]["aAcc"])
