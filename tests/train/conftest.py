@@ -46,7 +46,7 @@ TINY_MODEL = {
         "model.num_heads=[1,1,2,2]",
         "model.head_channels=16",
     ],
-    "unet": ["model=unet", "model.encoder=resnet18", "model.head_channels=16"],
+    "unet": ["model=unet", "model.encoder=test_resnet", "model.head_channels=16"],
 }
 # CPU, no progress bar or model table: quiet, quick runs.
 QUIET = [
