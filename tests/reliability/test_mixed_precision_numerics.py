@@ -41,8 +41,9 @@ def options(name: str) -> dict:
     return {"max_tokens": GRID[0] * GRID[1], "proj_len": 16} if "max_tokens" in accepted else {}
 
 
-def amp(precision: str) -> MixedPrecision:
-    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+def amp(precision: str, init_scale: float = 2.0**16) -> MixedPrecision:
+    """Lightning's plugin for ``precision`` on the CPU; fp16 gets a GradScaler (Lightning's default scale)."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale) if precision == "16-mixed" else None
     return MixedPrecision(precision, "cpu", scaler)
 
 
@@ -122,15 +123,19 @@ def test_fp16_with_grad_scaler_trains_at_16k_tokens(family, name):
 
 @pytest.mark.parametrize("precision", HALF)
 def test_trainer_in_mixed_precision_with_the_guard_on(tmp_path, precision):
-    """Our LightningModule in a real Trainer: the guard leaves overflow handling to fp16's GradScaler
-    (no skip counted, no stop) and counts nothing in bf16."""
+    """Our LightningModule in a real Trainer with a guard that would stop at the first skip: fp16 starts at
+    a loss scale of 2^40, so scaled gradients overflow and the GradScaler skips steps and backs off; the
+    guard leaves that to the scaler. In bf16 nothing is skipped."""
     cfg = compose_run(tmp_path, *BASE, *VIT, "logger=none")
     datamodule = SegDataModule(**plain(cfg.data))
     guard = NonFiniteGuard(max_consecutive=1, max_total=1)
+    plugin = amp(precision, init_scale=2.0**40)
     trainer = pl.Trainer(
-        accelerator="cpu", max_steps=4, plugins=[amp(precision)], callbacks=[guard], logger=False,
+        accelerator="cpu", max_steps=4, plugins=[plugin], callbacks=[guard], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, gradient_clip_val=1.0,
     )  # fmt: skip
     trainer.fit(build_module(cfg, datamodule), datamodule=datamodule)
     assert trainer.global_step == 4 and guard.total == 0
+    if precision == "16-mixed":
+        assert plugin.scaler.get_scale() < 2.0**40  # the scaler did skip overflowing steps
