@@ -89,6 +89,7 @@ def test_checkpoint_from_train_py_exports_and_predicts_end_to_end(tmp_path):
         "data.num_test=2",
         "data.batch_size=4",
         "data.val_batch_size=2",
+        "model=vit",  # the overrides below are ViT options; the default model is pvt
         "model.embed_dim=16",
         "model.depth=1",
         "model.num_heads=2",
