@@ -50,7 +50,7 @@ def probe_child(task: dict[str, Any], emit: Emit) -> None:
     """Child process: one training step at ``task['size']`` under a memory guard; emits its peak."""
     fix_malloc()
     device = torch.device(task["device"])
-    guard_memory(device, task["budget"])
+    guard_memory(device, task["guard"])
     with PeakMemory(device) as peak:
         step = TrainStep(task["kwargs"], task["size"], 1, task["dtype"], device, task["checkpointing"])
         seconds = time_call(step, device)
@@ -126,6 +126,7 @@ def find_maxres(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Bisect one (model, variant, checkpointing); return its result row and the probe history."""
     task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
+    task["guard"] = min(budget, total_memory_budget(device, fraction=0.9))  # never beyond what is free
     task |= {"dtype": settings.dtype, "checkpointing": checkpointing}
     history: list[dict[str, Any]] = []
 
@@ -149,6 +150,11 @@ def find_maxres(
 
 def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
     budget = settings.budget_bytes or total_memory_budget(device)
+    if budget > total_memory_budget(device, fraction=0.9):
+        progress(
+            f"maxres: budget {format_bytes(budget)} > 90% of the memory free now; probes are capped there, "
+            "so larger sizes report 'oom' (this machine's limit); the extrapolation covers the budget"
+        )
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     for model in settings.models:
