@@ -1,5 +1,6 @@
-"""``trainer=ddp_cpu`` with one rank crashing mid-training: the run ends within a bounded time with a
-non-zero exit status and the crashing rank's error in the output; no process is left hanging."""
+"""``trainer=ddp_cpu`` with faults on one rank: a NaN batch there is skipped by both ranks (the guard's
+decision and file report cross ranks), and a crash there ends the run within a bounded time with a
+non-zero exit status and that rank's error in the output; no process is left hanging."""
 
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ def process_group_ends(pgid: int, grace: float = 15.0) -> bool:
     return False
 
 
-def test_one_rank_raising_ends_the_whole_run(tmp_path):
+def test_nan_then_crash_on_one_rank(tmp_path):
+    # One step per epoch per rank (8 images, 2 ranks, batch 4): step 0 NaN on rank 1, step 1 fine,
+    # rank 1 raises at step 2.
+    record = tmp_path / "poisoned.txt"
     command = train_command(
-        tmp_path, *TINY, "trainer=ddp_cpu", "trainer.max_epochs=2", "logger=csv",
-        "+callbacks.raise_at_step.rank=1", "+callbacks.raise_at_step.step=1",
+        tmp_path, *TINY, "trainer=ddp_cpu", "trainer.max_epochs=4", "logger=csv",
+        "+callbacks.poison_batch.rank=1", "+callbacks.poison_batch.step=0",
+        f"+callbacks.poison_batch.record={record}",
+        "+callbacks.raise_at_step.rank=1", "+callbacks.raise_at_step.step=2",
     )  # fmt: skip
     process = subprocess.Popen(
         command, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -43,12 +49,18 @@ def test_one_rank_raising_ends_the_whole_run(tmp_path):
         output, _ = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"the DDP run hung for more than {TIMEOUT} s after rank 1 raised")
+        pytest.fail(f"the DDP run hung for more than {TIMEOUT} s")
     elapsed = time.monotonic() - start
     assert process_group_ends(process.pid), "a DDP process outlived the run"
     assert process.returncode != 0
-    assert "RuntimeError: planted failure on rank 1 at step 1" in output
+    assert "RuntimeError: planted failure on rank 1 at step 2" in output
     assert elapsed < TIMEOUT
-    # One step per epoch per rank (8 images, 2 ranks, batch 4): epoch 1's checkpoint is there to resume.
+    # The NaN: reported once (rank zero), naming rank 1's files only, and skipped on both ranks.
+    files = record.read_text()
+    assert output.count("non-finite loss at step 0") == 1
+    assert f"non-finite loss at step 0 (epoch 0); batch files: {files}: skipped" in output
+    # Epoch 2's checkpoint is there to resume from: 2 steps taken, the optimizer applied only 1.
     last = torch.load(tmp_path / "run/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    assert (last["epoch"], last["global_step"]) == (0, 1)
+    assert (last["epoch"], last["global_step"]) == (1, 2)
+    assert {int(state["step"]) for state in last["optimizer_states"][0]["state"].values()} == {1}
+    assert all(torch.isfinite(t).all() for t in last["state_dict"].values() if t.is_floating_point())

@@ -27,6 +27,19 @@ class RaiseAtStep(pl.Callback):
             raise RuntimeError(f"planted failure on rank {self.rank} at step {self.step}")
 
 
+class PoisonBatch(pl.Callback):
+    """Rank ``rank`` turns its first image NaN at global step ``step`` and writes the batch's files to
+    ``record``: a corrupt sample on one DDP process."""
+
+    def __init__(self, rank: int, step: int, record: str) -> None:
+        self.rank, self.step, self.record = rank, step, Path(record)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            batch["image"][0] = float("nan")
+            self.record.write_text(", ".join(batch["path"]))
+
+
 class ParkAt(pl.Callback):
     """At (epoch, batch) write ``marker`` and sleep: the test kills the process there, mid-epoch."""
 
@@ -39,7 +52,7 @@ class ParkAt(pl.Callback):
             time.sleep(self.seconds)
 
 
-CALLBACKS.update({"raise_at_step": RaiseAtStep, "park_at": ParkAt})
+CALLBACKS.update({"raise_at_step": RaiseAtStep, "poison_batch": PoisonBatch, "park_at": ParkAt})
 
 if __name__ == "__main__":
     # Executing train.py under the name __main__ runs its Hydra main; unlike runpy, sys.argv[0] stays this
