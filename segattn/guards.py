@@ -1,7 +1,7 @@
 """NonFiniteGuard: skip optimizer steps whose loss or gradients are NaN/Inf, stop when it persists.
 
 A skipped step leaves the model as it was: gradients are dropped before the optimizer sees them (AdamW
-leaves weights and moments of parameters without a gradient untouched) and floating-point buffers that the
+leaves weights and moments of parameters without a gradient untouched) and the buffers that the
 forward pass updated (BatchNorm running statistics) are restored. The LR schedule still advances.
 Under DDP every rank takes the same decision. With fp16's GradScaler, non-finite gradients are the
 scaler's business (it skips those steps and lowers its scale); only the loss is checked then.
@@ -31,10 +31,10 @@ def gather(obj: Any) -> list[Any]:
 
 
 def all_finite(tensors: list[Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite (one fused norm, one device sync)."""
+    """Whether every element of ``tensors`` is finite (one device sync for all of them)."""
     if not tensors:
         return True
-    return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, foreach=True)).item())
+    return bool(torch.stack([torch.isfinite(tensor).all() for tensor in tensors]).all())
 
 
 class NonFiniteGuard(pl.Callback):
