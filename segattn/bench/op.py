@@ -10,11 +10,16 @@ The floor is ``torch.addcmul(q, k, v, out=buf)`` on the same q, k, v: one elemen
 three inputs and writes a [B, N, C] result into an existing buffer, i.e. exactly the bytes any attention
 must move, at the best bandwidth the device gives an op (no fresh allocation, no page faults). A
 variant's ratio is time / floor for the forward and time / (2·floor) for forward+backward.
+
+At small widths the kernel products, not the bytes, set the pace: the ``matmuls`` row times the batched
+matmuls a kernel-product linear attention cannot avoid (forward: φ(K)ᵀ[V | 1] and φ(Q)·context; backward:
+four more), head-major, contiguous and in fp32 (the dtype the variants compute in), with nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,12 +36,15 @@ from .specs import Spec, format_count, grid_for
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward", "fwdbwd": "forward+backward"}
 FLOOR = "floor"
+MATMULS = "matmuls"
 REFERENCE = "softmax"
 DEFINITION = (
     "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
     "incl. FLatten's focusing map and DWC); floor = addcmul(q, k, v, out=buf), one pass reading q, k, v "
-    "and writing the output; fwd+bwd adds the gradients w.r.t. q, k, v and the variant's own parameters; "
-    "ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd); bf16 = bf16 inputs under autocast. "
+    "and writing the output; matmuls = the kernel products alone (2 bmm forward, 6 forward+backward, fp32); "
+    "fwd+bwd adds the gradients w.r.t. q, k, v and the variant's own parameters; "
+    "ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd), and time / matmuls; "
+    "bf16 = bf16 inputs under autocast. "
     "Cells: median time, ratio, peak memory above the inputs (fresh process)."
 )
 
@@ -114,6 +122,32 @@ class OpCase:
             torch.addcmul(q, k, v, out=self.floor_out)
 
 
+class MatmulFloor:
+    """The batched matmuls of a kernel-product linear attention alone, on head-major fp32 operands."""
+
+    def __init__(self, case: OpCase, heads: int) -> None:
+        batch, tokens, dim = case.floor_out.shape
+        dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
+        d = dim // heads
+        make = functools.partial(torch.randn, dtype=dtype, device=case.device)
+        self.mode = case.mode
+        self.queries, self.keys = make(batch * heads, tokens, d), make(batch * heads, tokens, d)
+        self.values = make(batch * heads, tokens, d + 1)  # [V | 1]
+        self.context = make(batch * heads, d, d + 1)
+        self.out = make(batch * heads, tokens, d + 1)
+        self.grad_out = make(batch * heads, tokens, d + 1)
+        self.grad_tokens = make(batch * heads, tokens, d)
+
+    def __call__(self) -> None:
+        torch.bmm(self.keys.mT, self.values, out=self.context)
+        torch.bmm(self.queries, self.context, out=self.out)
+        if self.mode == "fwdbwd":
+            grad_context = self.queries.mT @ self.grad_out
+            torch.bmm(self.grad_out[..., :-1], self.context[..., :-1].mT, out=self.grad_tokens)
+            torch.bmm(self.values, grad_context.mT, out=self.grad_tokens)
+            torch.bmm(self.keys, grad_context[..., :-1], out=self.grad_tokens)
+
+
 def interleaved_medians(
     calls: dict[str, Callable[[], None]], device: torch.device, settings: OpSettings
 ) -> dict[str, tuple[float, int] | str]:
@@ -179,14 +213,28 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     continue
                 progress(f"op {dtype} {mode} {format_count(tokens)} tokens: {', '.join(cases)}")
                 floor_case = next(iter(cases.values()))
-                calls: dict[str, Callable[[], None]] = {FLOOR: floor_case.floor, **cases}
+                calls: dict[str, Callable[[], None]] = {
+                    FLOOR: floor_case.floor,
+                    MATMULS: MatmulFloor(floor_case, settings.heads),
+                    **cases,
+                }
                 results = interleaved_medians(calls, device, settings)
-                floor_result = results[FLOOR]
-                floor_seconds = floor_result[0] if isinstance(floor_result, tuple) else float("nan")
+                floor_seconds, matmul_seconds = (
+                    results[name][0] if isinstance(results[name], tuple) else float("nan")
+                    for name in (FLOOR, MATMULS)
+                )
                 nbytes = 4 * settings.batch * tokens * settings.dim * floor_case.floor_out.element_size()
+                flops = 2 * settings.batch * tokens * settings.dim * (settings.dim // settings.heads + 1)
+                flops *= 6 if mode == "fwdbwd" else 2
                 rows.append(
-                    {"variant": FLOOR, **base, "seconds": floor_seconds, "repeats": floor_result[1]}
+                    {"variant": FLOOR, **base, "seconds": floor_seconds, "repeats": results[FLOOR][1]}
                     | {"status": "ok", "note": f"{nbytes / floor_seconds / 1e9:.1f} GB/s"}
+                )
+                rows.append(
+                    {"variant": MATMULS, **base, "seconds": matmul_seconds, "repeats": results[MATMULS][1]}
+                    | {"status": "ok", "note": f"{flops / matmul_seconds / 1e9:.0f} GFLOP/s"}
+                    | {"floor_seconds": floor_seconds}
+                    | {"floor_ratio": matmul_seconds / (floor_seconds * (2 if mode == "fwdbwd" else 1))}
                 )
                 for label in cases:
                     result = results[label]
@@ -202,6 +250,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     rows.append(
                         {"variant": label, **base, "seconds": seconds, "repeats": repeats}
                         | {"floor_seconds": floor_seconds, "floor_ratio": ratio, "status": "ok", "note": ""}
+                        | {"matmul_ratio": seconds / matmul_seconds}
                     )
                 del cases, calls
     add_speedups(rows)
@@ -217,7 +266,7 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
     }
     for row in rows:
         key = (row["dtype"], row["mode"], row["tokens"])
-        if row["status"] == "ok" and row["variant"] != FLOOR and key in reference:
+        if row["status"] == "ok" and row["variant"] not in (FLOOR, MATMULS) and key in reference:
             row["vs_softmax"] = reference[key] / row["seconds"]
 
 
@@ -268,8 +317,10 @@ def cell(row: dict[str, Any]) -> str:
     lines = [format_seconds(row["seconds"])]
     if row["variant"] == FLOOR:
         lines.append(row["note"])
+    elif row["variant"] == MATMULS:
+        lines += [row["note"], f"{row['floor_ratio']:.1f}× floor"]
     else:
-        lines.append(f"{row['floor_ratio']:.1f}× floor")
+        lines.append(f"{row['floor_ratio']:.1f}× floor, {row['matmul_ratio']:.1f}× matmuls")
         if "vs_softmax" in row and row["variant"] != REFERENCE:
             lines.append(f"{row['vs_softmax']:.2g}× faster than softmax")
     if "peak_bytes" in row:
@@ -281,7 +332,7 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
     """Print one table per (dtype, mode), write op.csv and the log-log plots op_time.png, op_memory.png."""
     write_csv(out_dir / "op.csv", rows)
     sizes = sorted(settings.sizes)
-    labels = [FLOOR] + [spec.label for spec in settings.variants]
+    labels = [FLOOR, MATMULS] + [spec.label for spec in settings.variants]
     time_panels, memory_panels = [], []
     for dtype in settings.dtypes:
         for mode in settings.modes:
@@ -293,7 +344,7 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
             title = f"op {MODES[mode]}, {dtype}, B={settings.batch}, C={settings.dim}, heads={settings.heads}"
             print_table(title, ["variant"] + [format_count(n) for n in sizes], table, DEFINITION)
             floor_label = "2×floor" if mode == "fwdbwd" else FLOOR
-            time_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "seconds", dashed={floor_label})
+            time_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "seconds", dashed={floor_label, MATMULS})
             memory_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "peak bytes above inputs")
             for row in mine.values():
                 if row["status"] != "ok":
