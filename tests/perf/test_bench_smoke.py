@@ -113,14 +113,17 @@ def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
     keys = {(r["variant"], r["dtype"], r["mode"], int(r["tokens"])) for r in op if r["status"] == "ok"}
     assert keys == {
         (v, d, m, n)
-        for v in ("floor", "softmax", "flatten")
+        for v in ("floor", "matmuls", "softmax", "flatten")
         for d in ("fp32", "bf16")
         for m in ("fwd", "fwdbwd")
         for n in (256, 1024)
     }
     for row in op:
-        if row["variant"] != "floor":
-            assert float(row["floor_ratio"]) > 0 and int(row["peak_bytes"]) >= 0
+        if row["variant"] == "matmuls":
+            assert float(row["floor_ratio"]) > 0 and row["note"].endswith("GFLOP/s")
+        elif row["variant"] != "floor":
+            assert float(row["floor_ratio"]) > 0 and float(row["matmul_ratio"]) > 0
+            assert int(row["peak_bytes"]) >= 0
     assert all("vs_softmax" in r and r["vs_softmax"] for r in op if r["variant"] == "flatten")
 
     model = read_csv(tmp_path / "model.csv")
