@@ -367,3 +367,53 @@ class FocusedAttention(torch.autograd.Function):
             grad_scale = grad_inv.mul_(inv_scale.square()).mul_(torch.sigmoid(scale.to(dtype))).neg_()
         grad_v = grad_v.transpose(1, 2).reshape(v.shape).to(v.dtype)
         return grad_q, grad_k, grad_v, grad_heads, grad_scale.to(scale.dtype), None, None, None
+
+
+# --- depthwise "same" convolution (FLatten's DWC) with a backward made of forward convolutions --------------
+
+
+class DepthwiseConv(torch.autograd.Function):
+    """conv2d(images, weight, bias, padding=k // 2, groups=C) on [B, C, H, W] (channels-last for speed).
+
+    On CPU oneDNN's depthwise backward-weights pass is several times slower than its forward, so both
+    gradients are forward convolutions: ∂images = conv with the flipped kernel, and ∂weight per image =
+    a depthwise conv of the padded image with the output gradient as a H×W kernel, summed over images.
+    Under autocast the conv runs in the autocast dtype, as F.conv2d would.
+    """
+
+    @staticmethod
+    def forward(ctx, images, weight, bias):
+        device = images.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else images.dtype
+        ctx.dtypes = (images.dtype, weight.dtype, None if bias is None else bias.dtype)
+        images, weight = images.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        ctx.save_for_backward(images, weight)
+        with torch.autocast(device, enabled=False):
+            return torch.nn.functional.conv2d(
+                images, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0]
+            )
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        images, weight = ctx.saved_tensors
+        image_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        pad, channels = weight.shape[-1] // 2, weight.shape[0]
+        grad = grad.to(images.dtype)
+        grad_images = grad_weight = grad_bias = None
+        with torch.autocast(images.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                flipped = weight.flip(-2, -1)
+                grad_images = torch.nn.functional.conv2d(grad, flipped, padding=pad, groups=channels)
+                grad_images = grad_images.to(image_dtype)
+            if ctx.needs_input_grad[1]:
+                padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+                grad_weight = sum(
+                    torch.nn.functional.conv2d(padded[i : i + 1], grad[i].unsqueeze(1), groups=channels)[0]
+                    for i in range(images.shape[0])
+                )
+                grad_weight = grad_weight.unsqueeze(1).to(weight_dtype)
+            if bias_dtype is not None and ctx.needs_input_grad[2]:
+                grad_bias = grad.sum(dim=(0, 2, 3)).to(bias_dtype)
+        return grad_images, grad_weight, grad_bias
