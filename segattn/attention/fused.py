@@ -386,7 +386,10 @@ class DepthwiseConv(torch.autograd.Function):
         device = images.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else images.dtype
         ctx.dtypes = (images.dtype, weight.dtype, None if bias is None else bias.dtype)
-        images, weight = images.to(dtype), weight.to(dtype)
+        # dense channels-last operands: given a strided view (a head of a qkv chunk) oneDNN would first
+        # convert it to NCHW, a copy that costs more than the convolution
+        images = images.to(dtype).contiguous(memory_format=torch.channels_last)
+        weight = weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
         ctx.save_for_backward(images, weight)
         with torch.autocast(device, enabled=False):
@@ -400,7 +403,7 @@ class DepthwiseConv(torch.autograd.Function):
         images, weight = ctx.saved_tensors
         image_dtype, weight_dtype, bias_dtype = ctx.dtypes
         pad, channels = weight.shape[-1] // 2, weight.shape[0]
-        grad = grad.to(images.dtype)
+        grad = grad.to(images.dtype).contiguous(memory_format=torch.channels_last)
         grad_images = grad_weight = grad_bias = None
         with torch.autocast(images.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
@@ -408,9 +411,10 @@ class DepthwiseConv(torch.autograd.Function):
                 grad_images = torch.nn.functional.conv2d(grad, flipped, padding=pad, groups=channels)
                 grad_images = grad_images.to(image_dtype)
             if ctx.needs_input_grad[1]:
-                padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
-                grad_weight = sum(
-                    torch.nn.functional.conv2d(padded[i : i + 1], grad[i].unsqueeze(1), groups=channels)[0]
+                grad_weight = sum(  # the image padded by k // 2 and correlated with an H×W kernel: k×k
+                    torch.nn.functional.conv2d(
+                        images[i : i + 1], grad[i].unsqueeze(1), padding=pad, groups=channels
+                    )[0]
                     for i in range(images.shape[0])
                 )
                 grad_weight = grad_weight.unsqueeze(1).to(weight_dtype)
