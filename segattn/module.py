@@ -24,7 +24,8 @@ class SegmentationModule(pl.LightningModule):
     """Trains ``model`` (a Segmentor) with ``criterion``; validates with ``infer(**inference)``.
 
     ``data_info`` ({name, classes, palette, ignore_index, mean, std}) is stored in checkpoints next to
-    ``model.config`` so the model can be rebuilt and used from the checkpoint alone.
+    ``model.config`` so the model can be rebuilt and used from the checkpoint alone. ``compile_network``
+    (``model.compile``) compiles the network in place once, before training (``Segmentor.compile``).
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class SegmentationModule(pl.LightningModule):
         scheduler: SchedulerFactory,
         data_info: dict[str, Any],
         inference: dict[str, Any] | None = None,
+        compile_network: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
@@ -45,6 +47,16 @@ class SegmentationModule(pl.LightningModule):
         self.inference = dict(inference or {})
         self.val_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
+        self.compile_network = compile_network
+        self.compiled = False
+
+    def configure_model(self) -> None:
+        """Compile once (Lightning calls this hook at every fit/validate), before any strategy wraps the
+        model. In place, so checkpoint keys carry no ``_orig_mod.``; default ``dynamic=None``: a new input
+        size (whole-image validation) recompiles once with dynamic shapes."""
+        if self.compile_network and not self.compiled:
+            self.model.compile()
+            self.compiled = True
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)

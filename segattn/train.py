@@ -76,8 +76,12 @@ def build_strategy(spec: str | dict[str, Any]) -> str | Strategy:
 
 def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModule:
     """Model, loss, optimizer and schedule factories from their config groups."""
+    model_options = plain(cfg.model)
+    compile_network = model_options.pop("compile", False)  # how to train it, not the architecture
+    if not isinstance(compile_network, bool):
+        raise ValueError(f"model.compile={compile_network!r}; expected true or false")
     model = build_model(
-        **plain(cfg.model),
+        **model_options,
         num_classes=cfg.data.num_classes,
         attention=cfg.attention.name,
         attention_options=plain(cfg.attention.options),
@@ -105,6 +109,7 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         scheduler=functools.partial(build_scheduler, **plain(cfg.scheduler)),
         data_info=data_info,
         inference=plain(cfg.validation),
+        compile_network=compile_network,
     )
 
 

@@ -69,6 +69,14 @@ class Segmentor(nn.Module):
             logits = F.interpolate(logits, size=padded.shape[-2:], mode="bilinear", align_corners=False)
         return logits[..., :height, :width]
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.compile`` encoder, head and aux head in place (``nn.Module.compile`` on each, same
+        arguments), so ``forward`` and ``forward_with_aux`` both run compiled while parameter names and
+        ``state_dict`` keys stay unchanged; the padding and resizing around them stay eager."""
+        for part in (self.encoder, self.head, self.aux_head):
+            if part is not None:
+                part.compile(*args, **kwargs)
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each transformer block (and timm CNN stage) in backward instead of storing it."""
         self.encoder.set_grad_checkpointing(enable)
