@@ -65,6 +65,7 @@ def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> Non
         max_call_seconds=values["max_call_seconds"],
         clock=args.clock,
         memory=not args.no_memory,
+        compile=args.compile,
     )
     run(settings, device, out_dir)
 
@@ -84,6 +85,7 @@ def run_model(args: argparse.Namespace, device: torch.device, out_dir: Path) -> 
         max_step_seconds=values["max_step_seconds"],
         clock=args.clock,
         memory=not args.no_memory,
+        compile=args.compile,
     )
     run(settings, device, out_dir)
 
@@ -123,6 +125,11 @@ def common_parser() -> argparse.ArgumentParser:
         help="CPU timing clock: wall time, or process CPU time (robust on a busy machine with --threads 1)",
     )
     common.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    common.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each variant under torch.compile (op, model), labelled <variant>+compile",
+    )
     return common
 
 

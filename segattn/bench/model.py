@@ -9,6 +9,7 @@ fresh child per (model, variant).
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from ..attention import attention_class, attention_options
 from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, synchronize, time_call
 from .op import DTYPES
 from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
-from .specs import Spec
+from .specs import Spec, compile_options, with_compiled
 
 NUM_CLASSES = 19
 NO_REDUCTION = "softmax:sr_ratios=[1,1,1,1]"
@@ -40,6 +41,7 @@ class ModelSettings:
     clock: str = "wall"
     memory: bool = True
     memory_timeout: float = 3600.0
+    compile: bool = False  # also each variant's compiled twin
 
 
 def default_models(smoke: bool) -> list[str]:
@@ -64,7 +66,8 @@ def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
 
 
 class TrainStep:
-    """A model, its AdamW optimizer and one random batch; calling it runs one training step."""
+    """A model, its AdamW optimizer and one random batch; calling it runs one training step (with the
+    network compiled in place when ``compiled``; its first steps compile)."""
 
     def __init__(
         self,
@@ -74,12 +77,15 @@ class TrainStep:
         dtype: str,
         device: torch.device,
         checkpointing: bool = False,
+        compiled: bool = False,
     ) -> None:
         from ..models import build_model
 
         self.device, self.dtype = device, DTYPES[dtype]
         self.model = build_model(**kwargs).to(device).train()
         self.model.set_grad_checkpointing(checkpointing)
+        if compiled:
+            self.model.compile(**compile_options())
         self.optimizer = torch.optim.AdamW(self.model.param_groups(lr=1e-4, weight_decay=0.01))
         self.images = torch.randn(batch, 3, size, size, device=device)
         self.masks = torch.randint(0, NUM_CLASSES, (batch, size, size), device=device)
@@ -107,8 +113,8 @@ def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
     from .specs import parse_spec
 
     if settings.variants is not None:
-        return settings.variants
-    return [parse_spec(text) for text in default_variants(False, model.name)]
+        return with_compiled(settings.variants, settings.compile)
+    return with_compiled([parse_spec(text) for text in default_variants(False, model.name)], settings.compile)
 
 
 def time_steps(settings: ModelSettings, device: torch.device) -> list[dict[str, Any]]:
@@ -130,8 +136,9 @@ def time_steps(settings: ModelSettings, device: torch.device) -> list[dict[str, 
                         rows.append({**base, "variant": variant.label, "status": "skipped", "note": reason})
                         continue
                     try:
+                        kwargs = build_kwargs(model, variant)
                         steps[variant.label] = TrainStep(
-                            build_kwargs(model, variant), size, settings.batch, dtype, device
+                            kwargs, size, settings.batch, dtype, device, compiled=variant.compiled
                         )
                     except (ValueError, TypeError) as error:
                         failed[variant.label] = f"error: {error}"
@@ -170,9 +177,11 @@ def predicted_too_slow(
 def round_robin(
     steps: dict[str, TrainStep], device: torch.device, settings: ModelSettings, failed: dict[str, str]
 ) -> dict[str, list[float]]:
-    """One warm-up step each, then ``repeats`` rounds of one timed step per variant."""
+    """Warm-up steps (two with ``compile``: the first compiles), then ``repeats`` timed rounds of one step
+    per variant."""
+    warmup = 2 if settings.compile else 1
     samples: dict[str, list[float]] = {label: [] for label in steps}
-    for round_ in range(settings.repeats + 1):
+    for round_ in range(warmup + settings.repeats):
         for label, step in steps.items():
             if label in failed:
                 continue
@@ -182,7 +191,7 @@ def round_robin(
                 failed[label] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:200]}"
                 synchronize(device)
                 continue
-            if round_ > 0:
+            if round_ >= warmup:
                 samples[label].append(seconds)
     return samples
 
@@ -197,12 +206,17 @@ def add_speedups(rows: list[dict[str, Any]], model: str, reference: str) -> None
 
 
 def memory_child(task: dict[str, Any], emit: Emit) -> None:
-    """Child process: peak memory of one training step per size (fresh model and optimizer each)."""
+    """Child process: peak memory of one training step per size (fresh model and optimizer each; a compiled
+    variant compiles on a throwaway step first, so the compiler's own memory stays out of the peak)."""
     fix_malloc()
     device = torch.device(task["device"])
+    make = functools.partial(TrainStep, task["kwargs"], batch=task["batch"], dtype=task["dtype"])
+    make = functools.partial(make, device=device, compiled=task["compiled"])
     for size in task["sizes"]:
+        if task["compiled"]:
+            make(size)()
         with PeakMemory(device) as peak:
-            step = TrainStep(task["kwargs"], size, task["batch"], task["dtype"], device)
+            step = make(size)
             step()
             del step
         emit({"size": size, "peak_bytes": peak.peak})
@@ -219,6 +233,7 @@ def measure_memory(rows: list[dict[str, Any]], settings: ModelSettings, device: 
                 if not mine:
                     continue
                 task = {"kwargs": build_kwargs(model, variant), "sizes": [r["size"] for r in mine]}
+                task |= {"compiled": variant.compiled}
                 task |= {"batch": settings.batch, "dtype": dtype, "device": str(device)}
                 messages, ending = run_isolated(memory_child, task, settings.memory_timeout)
                 by_size = {m["size"]: m["peak_bytes"] for m in messages if "size" in m}

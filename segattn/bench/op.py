@@ -22,7 +22,7 @@ import contextlib
 import functools
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from ..attention import AttentionBase, build_attention
 from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, time_call
 from .report import Panel, format_bytes, format_seconds, plot_panels, print_table, progress, write_csv
-from .specs import Spec, format_count, grid_for
+from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward", "fwdbwd": "forward+backward"}
@@ -65,10 +65,15 @@ class OpSettings:
     clock: str = "wall"
     memory: bool = True
     memory_timeout: float = 1800.0
+    compile: bool = False  # also each variant's compiled twin
 
 
 def build_variant(spec: Spec, dim: int, heads: int, device: torch.device) -> AttentionBase:
-    return build_attention(spec.name, dim, heads, **spec.options).to(device)
+    """The attention module of ``spec``; a compiled spec's ``mix_tokens`` runs under ``torch.compile``."""
+    module = build_attention(spec.name, dim, heads, **spec.options).to(device)
+    if spec.compiled:
+        module.mix_tokens = torch.compile(module.mix_tokens, **compile_options())
+    return module
 
 
 class OpCase:
@@ -274,11 +279,13 @@ def memory_child(task: dict[str, Any], emit: Emit) -> None:
     """Child process: peak memory of one (variant, dtype, mode) at each size, ascending."""
     fix_malloc()
     device = torch.device(task["device"])
-    spec = Spec(task["name"], task["options"])
+    spec = Spec(task["name"], task["options"], compiled=task["compiled"])
     module = build_variant(spec, task["dim"], task["heads"], device)
     OpCase(module, task["sizes"][0], task["dtype"], task["mode"], task["batch"], device)()  # one-time set-up
     for tokens in task["sizes"]:
         case = OpCase(module, tokens, task["dtype"], task["mode"], task["batch"], device)
+        if spec.compiled:
+            case()  # compiles this size's graph outside the measured block
         with PeakMemory(device) as peak:
             case()
         emit({"tokens": tokens, "peak_bytes": peak.peak})
@@ -298,7 +305,8 @@ def measure_memory(rows: list[dict[str, Any]], settings: OpSettings, device: tor
                 ]
                 if not mine:
                     continue
-                task = {"name": spec.name, "options": spec.options, "dtype": dtype, "mode": mode}
+                task = {"name": spec.name, "options": spec.options, "compiled": spec.compiled}
+                task |= {"dtype": dtype, "mode": mode}
                 task |= {"sizes": [r["tokens"] for r in mine], "device": str(device), "batch": settings.batch}
                 task |= {"dim": settings.dim, "heads": settings.heads}
                 messages, ending = run_isolated(memory_child, task, settings.memory_timeout)
@@ -365,6 +373,10 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
 
 
 def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
+    if settings.compile:  # two warm-up calls: the first compiles, the second runs what is then timed
+        settings = replace(
+            settings, variants=with_compiled(settings.variants, True), warmup=max(settings.warmup, 2)
+        )
     rows = time_ops(settings, device)
     if settings.memory:
         measure_memory(rows, settings, device)

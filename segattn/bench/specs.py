@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -10,11 +10,32 @@ import yaml
 
 @dataclass(frozen=True)
 class Spec:
-    """A registry name plus constructor options; ``label`` is the text it was parsed from."""
+    """A registry name plus constructor options; ``label`` is the text it was parsed from. ``compiled``:
+    time it under ``torch.compile`` (label ``<text>+compile``)."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""
+    compiled: bool = False
+
+
+def with_compiled(specs: list[Spec], compile: bool) -> list[Spec]:
+    """``specs``, each followed by its compiled twin when ``compile``: ``flatten``, ``flatten+compile``."""
+    if not compile:
+        return specs
+    return [s for spec in specs for s in (spec, replace(spec, label=f"{spec.label}+compile", compiled=True))]
+
+
+def compile_options() -> dict[str, Any]:
+    """``torch.compile`` keyword arguments of every compiled case: one graph per size, dtype and mode (the
+    fixed-shape code a training run at one crop size gets). A bench compiles the same code at many sizes:
+    allow that many graphs, and fail rather than time eager code under a ``+compile`` label past the limit.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return {"dynamic": False}
 
 
 def parse_spec(text: str) -> Spec:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 
 from segattn.bench.__main__ import main
 from segattn.bench.maxres import extrapolate, search
@@ -139,3 +140,16 @@ def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
     assert all(int(r["maxres"]) >= 64 and int(r["probes"]) >= 1 for r in maxres)
     probes = read_csv(tmp_path / "maxres_probes.csv")
     assert {"size", "status", "fits", "peak_bytes"} <= set(probes[0])
+
+
+def test_bench_op_compile_times_a_compiled_twin_beside_each_variant(tmp_path):
+    torch._dynamo.reset()
+    args = ["--smoke", "--device", "cpu", "--threads", "1", "--variants", "flatten", "--dtypes", "fp32"]
+    try:
+        main(["op", *args, "--modes", "fwd", "--no-memory", "--compile", "--out", str(tmp_path)])
+    finally:
+        torch._dynamo.reset()
+    rows = {(r["variant"], int(r["tokens"])): r for r in read_csv(tmp_path / "op.csv")}
+    for tokens in (256, 1024):
+        for variant in ("flatten", "flatten+compile"):
+            assert rows[variant, tokens]["status"] == "ok" and float(rows[variant, tokens]["seconds"]) > 0
