@@ -217,3 +217,22 @@ def run_isolated(
     if ending == "ok" and process.exitcode != 0:
         ending = f"killed (exit {process.exitcode})"
     return messages, ending
+
+
+def fill_peaks(
+    rows: list[dict[str, Any]],
+    key: str,
+    child: Callable[[dict[str, Any], Emit], None],
+    task: dict[str, Any],
+    timeout: float,
+) -> None:
+    """Run a memory ``child`` on ``task`` in a fresh process; it emits ``{key: …, "peak_bytes": …}`` per
+    configuration, which lands in the row with the same ``key``. Rows it never reached get a note why."""
+    messages, ending = run_isolated(child, task, timeout)
+    peaks = {message[key]: message["peak_bytes"] for message in messages if key in message}
+    failure = next((message["error"] for message in messages if "error" in message), ending)
+    for row in rows:
+        if row[key] in peaks:
+            row["peak_bytes"] = peaks[row[key]]
+        else:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + f"memory: {failure}"

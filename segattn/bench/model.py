@@ -8,10 +8,8 @@ fresh child per (model, variant).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import attention_class, attention_options
-from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, synchronize, time_call
+from .measure import Emit, PeakMemory, fill_peaks, fix_malloc, is_out_of_memory, synchronize, time_call
 from .op import DTYPES
-from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
+from .report import Panel, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, with_compiled
 
 NUM_CLASSES = 19
@@ -90,13 +88,9 @@ class TrainStep:
         self.images = torch.randn(batch, 3, size, size, device=device)
         self.masks = torch.randint(0, NUM_CLASSES, (batch, size, size), device=device)
 
-    @contextlib.contextmanager
-    def _precision(self) -> Iterator[None]:
-        if self.dtype == torch.float32:
-            yield
-        else:
-            with torch.autocast(self.device.type, dtype=self.dtype):
-                yield
+    def _precision(self) -> torch.autocast:
+        """Autocast to bf16/fp16 for those dtypes; a no-op for fp32."""
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -235,25 +229,14 @@ def measure_memory(rows: list[dict[str, Any]], settings: ModelSettings, device: 
                 task = {"kwargs": build_kwargs(model, variant), "sizes": [r["size"] for r in mine]}
                 task |= {"compiled": variant.compiled}
                 task |= {"batch": settings.batch, "dtype": dtype, "device": str(device)}
-                messages, ending = run_isolated(memory_child, task, settings.memory_timeout)
-                by_size = {m["size"]: m["peak_bytes"] for m in messages if "size" in m}
-                failure = next((m["error"] for m in messages if "error" in m), ending)
-                for row in mine:
-                    if row["size"] in by_size:
-                        row["peak_bytes"] = by_size[row["size"]]
-                    else:
-                        row["note"] = f"memory: {failure}"
+                fill_peaks(mine, "size", memory_child, task, settings.memory_timeout)
 
 
-def cell(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
-        return row["note"].replace(": ", ":\n", 1)
+def measured_lines(row: dict[str, Any]) -> list[str]:
     lines = [f"{row['images_per_s']:.3g} img/s", f"{row['seconds']:.3g} s/step"]
     if "speedup" in row:
         lines.append(f"{row['speedup']:.3g}× first")
-    if "peak_bytes" in row:
-        lines.append(format_bytes(row["peak_bytes"]))
-    return "\n".join(lines)
+    return lines
 
 
 def report(rows: list[dict[str, Any]], settings: ModelSettings, out_dir: Path) -> None:
@@ -267,10 +250,7 @@ def report(rows: list[dict[str, Any]], settings: ModelSettings, out_dir: Path) -
             mine = {
                 (r["variant"], r["size"]): r for r in rows if (r["model"], r["dtype"]) == (model.label, dtype)
             }
-            table = [
-                [label] + [cell(mine[label, s]) if (label, s) in mine else "–" for s in sizes]
-                for label in labels
-            ]
+            table = grid(labels, sizes, mine, measured_lines)
             caption = (
                 f"one training step (forward, cross-entropy, backward, AdamW) at batch {settings.batch}; "
                 f"speed-up relative to the first variant ({labels[0]}); peak = weights + optimizer state + "

@@ -18,10 +18,9 @@ four more), head-major, contiguous and in fp32 (the dtype the variants compute i
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,8 @@ from typing import Any
 import torch
 
 from ..attention import AttentionBase, build_attention
-from .measure import Emit, PeakMemory, fix_malloc, is_out_of_memory, run_isolated, time_call
-from .report import Panel, format_bytes, format_seconds, plot_panels, print_table, progress, write_csv
+from .measure import Emit, PeakMemory, fill_peaks, fix_malloc, is_out_of_memory, time_call
+from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,13 +102,9 @@ class OpCase:
     def inputs(self) -> list[torch.Tensor]:
         return self.leaves[0].chunk(3, dim=-1) if len(self.leaves) == 1 else self.leaves
 
-    @contextlib.contextmanager
-    def _precision(self) -> Iterator[None]:
-        if self.dtype == torch.float32:
-            yield
-        else:
-            with torch.autocast(self.device.type, dtype=self.dtype):
-                yield
+    def _precision(self) -> torch.autocast:
+        """Autocast to bf16/fp16 for those dtypes; a no-op for fp32."""
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def __call__(self) -> None:
         if self.mode == "fwd":
@@ -309,19 +304,10 @@ def measure_memory(rows: list[dict[str, Any]], settings: OpSettings, device: tor
                 task |= {"dtype": dtype, "mode": mode}
                 task |= {"sizes": [r["tokens"] for r in mine], "device": str(device), "batch": settings.batch}
                 task |= {"dim": settings.dim, "heads": settings.heads}
-                messages, ending = run_isolated(memory_child, task, settings.memory_timeout)
-                by_tokens = {m["tokens"]: m["peak_bytes"] for m in messages if "tokens" in m}
-                failure = next((m["error"] for m in messages if "error" in m), ending)
-                for row in mine:
-                    if row["tokens"] in by_tokens:
-                        row["peak_bytes"] = by_tokens[row["tokens"]]
-                    else:
-                        row["note"] = (row["note"] + "; " if row["note"] else "") + f"memory: {failure}"
+                fill_peaks(mine, "tokens", memory_child, task, settings.memory_timeout)
 
 
-def cell(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
-        return row["note"].replace(": ", ":\n", 1)
+def measured_lines(row: dict[str, Any]) -> list[str]:
     lines = [format_seconds(row["seconds"])]
     if row["variant"] == FLOOR:
         lines.append(row["note"])
@@ -331,9 +317,7 @@ def cell(row: dict[str, Any]) -> str:
         lines.append(f"{row['floor_ratio']:.1f}× floor, {row['matmul_ratio']:.1f}× matmuls")
         if "vs_softmax" in row and row["variant"] != REFERENCE:
             lines.append(f"{row['vs_softmax']:.2g}× faster than softmax")
-    if "peak_bytes" in row:
-        lines.append(format_bytes(row["peak_bytes"]))
-    return "\n".join(lines)
+    return lines
 
 
 def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> None:
@@ -345,10 +329,7 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
     for dtype in settings.dtypes:
         for mode in settings.modes:
             mine = {(r["variant"], r["tokens"]): r for r in rows if (r["dtype"], r["mode"]) == (dtype, mode)}
-            table = [
-                [label] + [cell(mine[label, n]) if (label, n) in mine else "–" for n in sizes]
-                for label in labels
-            ]
+            table = grid(labels, sizes, mine, measured_lines)
             title = f"op {MODES[mode]}, {dtype}, B={settings.batch}, C={settings.dim}, heads={settings.heads}"
             print_table(title, ["variant"] + [format_count(n) for n in sizes], table, DEFINITION)
             floor_label = "2×floor" if mode == "fwdbwd" else FLOOR

@@ -8,7 +8,7 @@ import json
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,29 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(columns))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def grid(
+    labels: Sequence[str],
+    columns: Sequence[Any],
+    rows: dict[tuple[str, Any], dict[str, Any]],
+    measured: Callable[[dict[str, Any]], list[str]],
+) -> list[list[str]]:
+    """Table rows: one per label, one ``cell_text`` per column, "–" where nothing was run."""
+    return [
+        [label] + [cell_text(rows[label, c], measured) if (label, c) in rows else "–" for c in columns]
+        for label in labels
+    ]
+
+
+def cell_text(row: dict[str, Any], measured: Callable[[dict[str, Any]], list[str]]) -> str:
+    """A table cell: the reason a configuration did not run, or its ``measured`` lines and peak memory."""
+    if row["status"] != "ok":
+        return row["note"].replace(": ", ":\n", 1)
+    lines = measured(row)
+    if "peak_bytes" in row:
+        lines.append(format_bytes(row["peak_bytes"]))
+    return "\n".join(lines)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str = "") -> None:
