@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import fused
 from .functional import full_precision, kernel_attention, softmax_attention
 
 __all__ = [
@@ -51,10 +52,19 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
     return torch.exp(logits - stabiliser) * projection.shape[0] ** -0.5
 
 
-@full_precision
 def performer_attention(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, eps: float = 1e-6) -> Tensor:
     """FAVOR+ (Choromanski et al. 2020): kernel attention with positive random features of the softmax
-    kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d]."""
+    kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d] (a constant)."""
+    if not fused.use_fused():
+        return _performer_attention(q, k, v, projection, eps)
+    scale = q.shape[-1] ** -0.25
+    phi_q = fused.PositiveRandomFeatures(projection, scale, per_row=True)
+    phi_k = fused.PositiveRandomFeatures(projection, scale, per_row=False)
+    return fused.KernelAttention.apply(q, k, v, phi_q, phi_k, 1.0, eps, True, False)
+
+
+@full_precision
+def _performer_attention(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, eps: float) -> Tensor:
     scale = q.shape[-1] ** -0.25
     projection = projection.to(q.dtype)
     phi_q = positive_random_features(q * scale, projection, is_query=True)

@@ -27,6 +27,7 @@ from segattn.attention import (
     performer_attention,
     segment_means,
 )
+from segattn.attention.functional_approx import _performer_attention
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
 NAMES = ["performer", "linformer", "nystrom", "sra"]
@@ -290,6 +291,26 @@ def test_performer_converges_to_softmax_as_features_grow() -> None:
         errors.append(sum(per_seed) / len(per_seed))
     assert errors[0] > 1.5 * errors[1] > 2.25 * errors[2], errors
     assert errors[2] < 0.015, errors
+
+
+def test_performer_fast_path_gradients_equal_autograd_through_the_formula() -> None:
+    """The fused FAVOR+ path (hand-written backward) against autograd of the plain formula, float64, on
+    strided head views like the module's, plus gradcheck."""
+    torch.manual_seed(0)
+    projection = orthogonal_random_features(20, 8, dtype=torch.float64)
+    qkv = torch.randn(2, 50, 3, 3, 8, dtype=torch.float64)
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in qkv.unbind(2))
+    fast = performer_attention(q, k, v, projection)
+    plain = _performer_attention(q, k, v, projection, 1e-6)
+    assert (fast - plain).abs().max() <= 1e-12
+    upstream = torch.randn_like(fast)
+    for mine, theirs in zip(
+        torch.autograd.grad(fast, [q, k, v], upstream),
+        torch.autograd.grad(plain, [q, k, v], upstream),
+        strict=True,
+    ):
+        assert (mine - theirs).abs().max() <= 1e-12
+    assert torch.autograd.gradcheck(lambda a, b, c: performer_attention(a, b, c, projection), (q, k, v))
 
 
 def test_performer_redraws_on_schedule_in_training_and_never_in_eval() -> None:
