@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from .base import HW, AttentionBase
 from .functional import focused_feature_map, focused_linear_attention
-from .fused import DepthwiseConv, FocusedAttention, use_fused
+from .fused import FocusedAttention, depthwise_conv, use_fused
 
 
 class FocusedLinearAttention(AttentionBase):
@@ -57,17 +57,11 @@ class FocusedLinearAttention(AttentionBase):
         """The DWC branch: each head's V as a d-channel image through the shared depthwise conv; [B, h, N, d].
 
         Run channels-last (image memory [B·h, H, W, d], weight too): several times faster than NCHW here,
-        and the head-major result needs no transpose. On CPU in eager mode the backward is
-        ``DepthwiseConv``'s (forward convolutions, ~4× faster than oneDNN's backward-weights pass).
+        and the head-major result needs no transpose (``depthwise_conv``).
         """
         batch, tokens, _ = v.shape
         images = self.split_heads(v).reshape(batch * self.num_heads, hw[0], hw[1], self.head_dim)
-        images = images.permute(0, 3, 1, 2)
-        weight = self.dwc.weight.contiguous(memory_format=torch.channels_last)
-        if use_fused() and v.device.type == "cpu":
-            local = DepthwiseConv.apply(images, weight, self.dwc.bias)
-        else:
-            local = F.conv2d(images, weight, self.dwc.bias, padding=self.dwc.padding, groups=self.dwc.groups)
+        local = depthwise_conv(images.permute(0, 3, 1, 2), self.dwc)  # [B·h, d, H, W], channels-last
         return local.permute(0, 2, 3, 1).reshape(batch, self.num_heads, tokens, self.head_dim)
 
     def extra_repr(self) -> str:

@@ -391,7 +391,21 @@ class FocusedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_heads, grad_scale.to(scale.dtype), None, None, None
 
 
-# --- depthwise "same" convolution (FLatten's DWC) with a backward made of forward convolutions --------------
+# --- depthwise "same" convolution (FLatten's DWC, Mix-FFN) with a backward made of forward convolutions ----
+
+
+def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
+    """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
+    weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
+    eager mode the backward is ``DepthwiseConv``'s."""
+    kernel = conv.weight.shape[-1]
+    if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
+        raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
+    weight = conv.weight.contiguous(memory_format=torch.channels_last)
+    if use_fused() and images.device.type == "cpu":
+        return DepthwiseConv.apply(images, weight, conv.bias)
+    images = images.contiguous(memory_format=torch.channels_last)
+    return torch.nn.functional.conv2d(images, weight, conv.bias, padding=conv.padding, groups=conv.groups)
 
 
 class DepthwiseConv(torch.autograd.Function):

@@ -131,7 +131,10 @@ def plot_panels(path: Path, panels: Sequence[Panel], columns: int = 2, dpi: int 
     columns = min(columns, len(panels))
     rows = -(-len(panels) // columns)
     labels = list(dict.fromkeys(label for panel in panels for label in panel.series))
-    colors = {label: f"C{index % 10}" for index, label in enumerate(labels)}  # one colour per series
+    references = [label for label in labels if any(label in panel.dashed for panel in panels)]
+    measured = [label for label in labels if label not in references]
+    colors = {label: f"C{index % 10}" for index, label in enumerate(measured)}  # one colour per series
+    colors |= {label: ("black", "dimgray", "darkgray")[index % 3] for index, label in enumerate(references)}
     figure, axes = plt.subplots(
         rows, columns, figsize=(4.6 * columns + 1.8, 3.4 * rows), squeeze=False, layout="constrained"
     )

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase, attention_options, build_attention
 from segattn.attention.base import HW, from_grid, to_grid
+from segattn.attention.fused import depthwise_conv
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
 
@@ -60,7 +61,7 @@ class MixFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, dim)
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        x = from_grid(self.dwconv(to_grid(self.fc1(x), hw)))  # [B, N, hidden]
+        x = from_grid(depthwise_conv(to_grid(self.fc1(x), hw), self.dwconv))  # [B, N, hidden], no copy
         return self.fc2(self.act(x))
 
 

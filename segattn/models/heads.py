@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from timm.layers import ConvNormAct
 from torch import Tensor, nn
@@ -57,7 +56,13 @@ class PUPHead(nn.Module):
 
 class MLPHead(nn.Module):
     """SegFormer all-MLP decoder: per-level linear projection to ``channels``, upsampling to the shallowest
-    level, concatenation, 1×1 conv-BN-ReLU fusion, 1×1 classifier (Xie et al. 2021, arXiv 2105.15203)."""
+    level, concatenation, 1×1 conv-BN-ReLU fusion, 1×1 classifier (Xie et al. 2021, arXiv 2105.15203).
+
+    Computed in an equivalent, cheaper order: the fusion conv is linear and commutes with bilinear
+    upsampling, so each level's projection is folded into its slice of the fusion weight and applied at the
+    level's own resolution; the levels are then upsampled and summed. Same parameters and function, but no
+    [B, levels·channels, H/4, W/4] concatenation or 1×1 conv over it (at 1024² the bulk of a pvt-b0 step).
+    """
 
     def __init__(
         self, in_channels: list[int], num_classes: int, channels: int = 256, dropout: float = 0.1
@@ -71,11 +76,15 @@ class MLPHead(nn.Module):
 
     def forward(self, features: list[Tensor]) -> Tensor:
         size = features[0].shape[-2:]
-        x = [
-            F.interpolate(proj(f), size=size, mode="bilinear", align_corners=False)
-            for proj, f in zip(self.proj, features, strict=True)
-        ]
-        return self.classifier(self.dropout(self.fuse(torch.cat(x, dim=1))))
+        fuse_weights = self.fuse.conv.weight.flatten(1).split(self.fuse.conv.out_channels, dim=1)
+        fused = None
+        for proj, fuse_weight, feature in zip(self.proj, fuse_weights, features, strict=True):
+            weight = (fuse_weight @ proj.weight.flatten(1))[..., None, None]  # [channels, C_i, 1, 1]
+            level = F.conv2d(feature, weight, fuse_weight @ proj.bias)
+            if level.shape[-2:] != size:
+                level = F.interpolate(level, size=size, mode="bilinear", align_corners=False)
+            fused = level if fused is None else fused + level
+        return self.classifier(self.dropout(self.fuse.bn(fused)))  # fuse = conv, then BN + ReLU
 
 
 class FCNHead(nn.Module):
