@@ -236,3 +236,8 @@ def fill_peaks(
             row["peak_bytes"] = peaks[row[key]]
         else:
             row["note"] = (row["note"] + "; " if row["note"] else "") + f"memory: {failure}"
+
+
+def autocast_for(device: torch.device, dtype: torch.dtype) -> torch.autocast:
+    """Autocast to ``dtype`` for bf16/fp16 runs; a no-op context for fp32."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

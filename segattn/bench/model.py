@@ -18,7 +18,16 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import attention_class, attention_options
-from .measure import Emit, PeakMemory, fill_peaks, fix_malloc, is_out_of_memory, synchronize, time_call
+from .measure import (
+    Emit,
+    PeakMemory,
+    autocast_for,
+    fill_peaks,
+    fix_malloc,
+    is_out_of_memory,
+    synchronize,
+    time_call,
+)
 from .op import DTYPES
 from .report import Panel, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, with_compiled
@@ -88,13 +97,9 @@ class TrainStep:
         self.images = torch.randn(batch, 3, size, size, device=device)
         self.masks = torch.randint(0, NUM_CLASSES, (batch, size, size), device=device)
 
-    def _precision(self) -> torch.autocast:
-        """Autocast to bf16/fp16 for those dtypes; a no-op for fp32."""
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        with self._precision():
+        with autocast_for(self.device, self.dtype):
             logits, aux = self.model.forward_with_aux(self.images)
         loss = F.cross_entropy(logits.float(), self.masks)
         if aux is not None:
@@ -106,9 +111,10 @@ class TrainStep:
 def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
     from .specs import parse_spec
 
-    if settings.variants is not None:
-        return with_compiled(settings.variants, settings.compile)
-    return with_compiled([parse_spec(text) for text in default_variants(False, model.name)], settings.compile)
+    specs = settings.variants
+    if specs is None:
+        specs = [parse_spec(text) for text in default_variants(False, model.name)]
+    return with_compiled(specs, settings.compile)
 
 
 def time_steps(settings: ModelSettings, device: torch.device) -> list[dict[str, Any]]:

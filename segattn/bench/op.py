@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..attention import AttentionBase, build_attention
-from .measure import Emit, PeakMemory, fill_peaks, fix_malloc, is_out_of_memory, time_call
+from .measure import Emit, PeakMemory, autocast_for, fill_peaks, fix_malloc, is_out_of_memory, time_call
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
@@ -102,17 +102,13 @@ class OpCase:
     def inputs(self) -> list[torch.Tensor]:
         return self.leaves[0].chunk(3, dim=-1) if len(self.leaves) == 1 else self.leaves
 
-    def _precision(self) -> torch.autocast:
-        """Autocast to bf16/fp16 for those dtypes; a no-op for fp32."""
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-
     def __call__(self) -> None:
         if self.mode == "fwd":
-            with torch.no_grad(), self._precision():
+            with torch.no_grad(), autocast_for(self.device, self.dtype):
                 self.module.mix_tokens(*self.inputs(), self.hw)
             return
         inputs = self.inputs()
-        with self._precision():
+        with autocast_for(self.device, self.dtype):
             out = self.module.mix_tokens(*inputs, self.hw)
         torch.autograd.grad(out, [*inputs, *self.params], self.grad_out, allow_unused=True)
 
@@ -122,14 +118,18 @@ class OpCase:
             torch.addcmul(q, k, v, out=self.floor_out)
 
 
+def floor_passes(mode: str) -> int:
+    """Floor passes a mode is compared with: one forward, two forward+backward."""
+    return 2 if mode == "fwdbwd" else 1
+
+
 class MatmulFloor:
     """The batched matmuls of a kernel-product linear attention alone, on head-major fp32 operands."""
 
     def __init__(self, case: OpCase, heads: int) -> None:
         batch, tokens, dim = case.floor_out.shape
-        dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
         d = dim // heads
-        make = functools.partial(torch.randn, dtype=dtype, device=case.device)
+        make = functools.partial(torch.randn, dtype=torch.float32, device=case.device)
         self.mode = case.mode
         self.queries, self.keys = make(batch * heads, tokens, d), make(batch * heads, tokens, d)
         self.values = make(batch * heads, tokens, d + 1)  # [V | 1]
@@ -234,7 +234,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     {"variant": MATMULS, **base, "seconds": matmul_seconds, "repeats": results[MATMULS][1]}
                     | {"status": "ok", "note": f"{flops / matmul_seconds / 1e9:.0f} GFLOP/s"}
                     | {"floor_seconds": floor_seconds}
-                    | {"floor_ratio": matmul_seconds / (floor_seconds * (2 if mode == "fwdbwd" else 1))}
+                    | {"floor_ratio": matmul_seconds / (floor_seconds * floor_passes(mode))}
                 )
                 for label in cases:
                     result = results[label]
@@ -246,7 +246,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                         continue
                     seconds, repeats = result
                     history[label].update(seconds=seconds, tokens=tokens)
-                    ratio = seconds / (floor_seconds * (2 if mode == "fwdbwd" else 1))
+                    ratio = seconds / (floor_seconds * floor_passes(mode))
                     rows.append(
                         {"variant": label, **base, "seconds": seconds, "repeats": repeats}
                         | {"floor_seconds": floor_seconds, "floor_ratio": ratio, "status": "ok", "note": ""}
@@ -339,9 +339,7 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
                 if row["status"] != "ok":
                     continue
                 if row["variant"] == FLOOR:
-                    time_panel.add(
-                        floor_label, row["tokens"], row["seconds"] * (2 if mode == "fwdbwd" else 1)
-                    )
+                    time_panel.add(floor_label, row["tokens"], row["seconds"] * floor_passes(mode))
                     continue
                 time_panel.add(row["variant"], row["tokens"], row["seconds"])
                 if row.get("peak_bytes"):
