@@ -1,4 +1,4 @@
-"""Shared helpers for the training tests: compose the real conf/ and tiny-run overrides."""
+"""The training tests' fixture: a composed config whose outputs go to the test's tmp_path."""
 
 from __future__ import annotations
 
@@ -6,67 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
-
-from segattn.config import register_resolvers
-
-REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
-
-# A few 32x32 synthetic images, read in-process: every run below takes seconds.
-TINY_DATA = [
-    "data=synthetic",
-    "data.image_size=[32,32]",
-    "data.crop_size=[32,32]",
-    "data.num_train=8",
-    "data.num_val=4",
-    "data.num_test=4",
-    "data.batch_size=4",
-    "data.val_batch_size=2",
-    "data.num_workers=0",
-    "data.persistent_workers=false",
-    "data.pin_memory=false",
-]
-# Per model family: select it, with the smallest widths its options allow.
-TINY_MODEL = {
-    "vit": [
-        "model=vit",
-        "model.embed_dim=32",
-        "model.depth=2",
-        "model.num_heads=2",
-        "model.patch_size=8",
-        "model.head_channels=16",
-    ],
-    "pvt": [
-        "model=pvt",
-        "model.embed_dims=[16,16,32,32]",
-        "model.depths=[1,1,1,1]",
-        "model.num_heads=[1,1,2,2]",
-        "model.head_channels=16",
-    ],
-    "unet": ["model=unet", "model.encoder=test_resnet", "model.head_channels=16"],
-}
-# CPU, no progress bar or model table: quiet, quick runs.
-QUIET = [
-    "trainer=cpu",
-    "callbacks.rich_progress_bar=null",
-    "callbacks.rich_model_summary=null",
-    "hydra/job_logging=none",
-]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The config ``python train.py <overrides>`` would pass to ``run``; its ``hydra`` node is moved to
-    ``HydraConfig.get()`` as in a real run."""
-    register_resolvers()
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+from omegaconf import DictConfig
+from train_overrides import compose_config
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch._dynamo
-from conftest import QUIET, TINY_DATA, TINY_MODEL
 from torch._dynamo.utils import counters
+from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
 import segattn
 from segattn.train import CALLBACKS, run

@@ -4,9 +4,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CONF, REPO, compose_config
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
+from train_overrides import CONF, REPO, compose_config
 
 GLOBAL_GROUPS = ("experiment", "debug")  # these patch the whole config rather than filling one key
 GROUP_OPTIONS = sorted(

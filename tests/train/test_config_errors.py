@@ -1,7 +1,7 @@
 """Contradictory or unknown settings fail before training, naming the key and the valid choices."""
 
 import pytest
-from conftest import compose_config
+from train_overrides import compose_config
 
 from segattn.config import check_config
 from segattn.train import CALLBACKS, build_from_registry, build_strategy

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, TINY_DATA, TINY_MODEL
 from omegaconf import OmegaConf
+from train_overrides import REPO, TINY_DATA, TINY_MODEL
 
 from segattn.data import SegDataModule
 from segattn.inference import infer

@@ -5,7 +5,7 @@ all go through the real code path."""
 import math
 
 import pytest
-from conftest import CONF, QUIET, TINY_DATA, TINY_MODEL
+from train_overrides import CONF, QUIET, TINY_DATA, TINY_MODEL
 
 from segattn.train import run
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from conftest import QUIET, TINY_DATA, TINY_MODEL
+from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
 from segattn.train import CALLBACKS, run
 

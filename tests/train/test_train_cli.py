@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_DATA, TINY_MODEL
 from omegaconf import OmegaConf
+from train_overrides import REPO, TINY_DATA, TINY_MODEL
 from wandb_records import config, history
 
 from segattn.data.synthetic import SYNTHETIC_CLASSES

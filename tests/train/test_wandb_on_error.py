@@ -4,8 +4,8 @@ next run in the same process (a sweep job) starts a fresh one."""
 import pytest
 import pytorch_lightning as pl
 import wandb
-from conftest import QUIET, TINY_DATA, TINY_MODEL
-from wandb_records import read_records
+from train_overrides import QUIET, TINY_DATA, TINY_MODEL
+from wandb_records import wait_for_record
 
 from segattn.train import CALLBACKS, run
 
@@ -28,7 +28,7 @@ def test_failed_run_finishes_its_wandb_run(train_config, tmp_path, monkeypatch):
         run(cfg)
     assert wandb.run is None
     run_file = next((tmp_path / "failed/wandb").glob("offline-run-*/run-*.wandb"))
-    records = read_records(run_file)
+    records = wait_for_record(run_file, "exit")
     exits = [record.exit for record in records if record.WhichOneof("record_type") == "exit"]
     assert len(exits) == 1 and exits[0].exit_code == 1
     assert [record.run.display_name for record in records if record.WhichOneof("record_type") == "run"] == [

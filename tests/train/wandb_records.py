@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -29,6 +30,8 @@ def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
             continue
         _, length, kind = struct.unpack("<IHB", data[offset : offset + HEADER])
         chunk = data[offset + HEADER : offset + HEADER + length]
+        if len(chunk) < length:  # a chunk the writer has not finished yet
+            break
         offset += HEADER + length
         if kind in (FULL, FIRST):
             pending = chunk
@@ -39,6 +42,19 @@ def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
             record.ParseFromString(pending)
             records.append(record)
     return records
+
+
+def wait_for_record(path: Path, record_type: str, timeout: float = 60.0) -> list[wandb_internal_pb2.Record]:
+    """All records once one of ``record_type`` is in the file. wandb-core writes the file from its own
+    process and may flush the last records after ``wandb.finish`` has returned in this one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_records(path)
+        if any(record.WhichOneof("record_type") == record_type for record in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {record_type!r} record in {path} after {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def history(path: Path) -> list[dict]:
