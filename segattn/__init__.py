@@ -1,13 +1,6 @@
 """segattn: semantic-segmentation transformers with linear attention for high-resolution images."""
 
-import os
-
 __version__ = "0.1.0"
-
-# Large CPU tensors on transparent huge pages: a fresh 100 MB tensor costs ~5x less in page faults here.
-# PyTorch reads this once, at its first large allocation, so it is set on import; export
-# THP_MEM_ALLOC_ENABLE=0 to opt out.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .cpu_memory import reuse_freed_memory
 from .io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
 from .onnx_infer import ONNX_FILE
 
@@ -137,6 +138,7 @@ def predict_files(
 def main(argv: list[str] | None = None) -> int:
     args = parse_cli(sys.argv[1:] if argv is None else argv, DEFAULTS, "segattn.predict")
     model_path, out = Path(args["model"]), Path(args["out"])
+    reuse_freed_memory()
     try:
         files = find_images(args["input"])
         build = onnx_predictor if is_onnx(model_path) else torch_predictor

@@ -22,6 +22,7 @@ from .atomic import AtomicCheckpointIO
 from .callbacks import WandbValidationPanel
 from .checkpoint import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
 from .config import check_config
+from .cpu_memory import reuse_freed_memory
 from .data import SegDataModule
 from .guards import NonFiniteGuard
 from .last_checkpoint import ResumableModelCheckpoint
@@ -134,6 +135,7 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary."""
     check_config(cfg)
+    reuse_freed_memory()  # opt-in: no page faults on every large activation of every step
     pl.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
     resume_from = resolve_ckpt_path(cfg.ckpt_path, cfg.paths.log_dir, run_dir)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..attention import available_attention
+from ..cpu_memory import reuse_freed_memory
 from . import report
 from .specs import parse_count, parse_spec
 
@@ -186,6 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    reuse_freed_memory()  # as a training run with the same environment; memory children set their own
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)

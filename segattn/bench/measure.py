@@ -10,7 +10,6 @@ an allocation error instead of pulling the whole machine into the OOM killer.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import resource
 import time
@@ -113,20 +112,6 @@ class PeakMemory:
         else:
             high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         self.peak = max(0, high - self.base)
-
-
-def fix_malloc() -> None:
-    """Make glibc hand every block of 128 KiB or more back to the OS on free, so RSS tracks live tensors.
-
-    Without this glibc raises its mmap threshold after the first large free and keeps later blocks on
-    its heap, where a freed block still counts as resident and hides the next configuration's peak.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_mmap_threshold = -3
-    libc.mallopt(m_mmap_threshold, 128 * 1024)
 
 
 def total_memory_budget(device: torch.device, fraction: float = 0.8) -> int:

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import attention_class, attention_options
+from ..cpu_memory import return_freed_memory
 from .measure import (
     Emit,
     PeakMemory,
     autocast_for,
     fill_peaks,
-    fix_malloc,
     is_out_of_memory,
     synchronize,
     time_call,
@@ -208,7 +208,7 @@ def add_speedups(rows: list[dict[str, Any]], model: str, reference: str) -> None
 def memory_child(task: dict[str, Any], emit: Emit) -> None:
     """Child process: peak memory of one training step per size (fresh model and optimizer each; a compiled
     variant compiles on a throwaway step first, so the compiler's own memory stays out of the peak)."""
-    fix_malloc()
+    return_freed_memory()
     device = torch.device(task["device"])
     make = functools.partial(TrainStep, task["kwargs"], batch=task["batch"], dtype=task["dtype"])
     make = functools.partial(make, device=device, compiled=task["compiled"])

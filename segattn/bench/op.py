@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from ..attention import AttentionBase, build_attention
-from .measure import Emit, PeakMemory, autocast_for, fill_peaks, fix_malloc, is_out_of_memory, time_call
+from ..cpu_memory import return_freed_memory
+from .measure import Emit, PeakMemory, autocast_for, fill_peaks, is_out_of_memory, time_call
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
@@ -272,7 +273,7 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
 
 def memory_child(task: dict[str, Any], emit: Emit) -> None:
     """Child process: peak memory of one (variant, dtype, mode) at each size, ascending."""
-    fix_malloc()
+    return_freed_memory()
     device = torch.device(task["device"])
     spec = Spec(task["name"], task["options"], compiled=task["compiled"])
     module = build_variant(spec, task["dim"], task["heads"], device)

@@ -17,6 +17,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from ..cpu_memory import reuse_requested
+
 # Tables stay readable when the output goes to a file or CI log instead of a terminal.
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
@@ -54,6 +56,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "commit": commit,
+        "reuse_freed_memory": reuse_requested(),
         "time": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
