@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -16,6 +18,9 @@ class PerformerAttention(AttentionBase):
     training it is redrawn every ``redraw_interval`` forward calls (0 = never; a recomputed forward under
     gradient checkpointing counts as a call); eval and export always use the stored one. Draws come from
     a per-module seed taken from the global RNG at construction, so DDP ranks seeded alike redraw alike.
+    The seed and the schedule's counters are saved too (buffer ``redraw_state``), so a resumed run redraws
+    when and what the uninterrupted one would; a state_dict without them (saved before they were) loads
+    and leaves this module's schedule as it is.
     """
 
     def __init__(
@@ -43,6 +48,10 @@ class PerformerAttention(AttentionBase):
         self.num_draws = 0
         self.training_calls = 0
         self.register_buffer("projection", self.draw_projection().to(self.qkv.weight.device))
+        # [seed, draws, training calls], written when a state_dict is taken and read back when one is loaded:
+        # the schedule itself runs on Python ints, with no device round trip per forward
+        self.register_buffer("redraw_state", torch.zeros(3, dtype=torch.long, device=self.qkv.weight.device))
+        self.register_state_dict_pre_hook(PerformerAttention._save_redraw_state)
 
     def draw_projection(self) -> Tensor:
         """The next orthogonal random projection [num_features, d] of this module's seed sequence."""
@@ -56,6 +65,19 @@ class PerformerAttention(AttentionBase):
         if self.training_calls > 0 and self.training_calls % self.redraw_interval == 0:
             self.projection.copy_(self.draw_projection())
         self.training_calls += 1
+
+    def _redraw_counters(self) -> Tensor:
+        return torch.tensor([self.seed, self.num_draws, self.training_calls])
+
+    def _save_redraw_state(self, prefix: str, keep_vars: bool) -> None:
+        self.redraw_state.copy_(self._redraw_counters())
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        key = prefix + "redraw_state"
+        if key not in state_dict:  # saved before the schedule was: keep this module's own (as BatchNorm does)
+            state_dict[key] = self._redraw_counters()
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.seed, self.num_draws, self.training_calls = self.redraw_state.tolist()
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
         if self.training and self.redraw_interval > 0:

@@ -336,6 +336,39 @@ def test_performer_redraws_on_schedule_in_training_and_never_in_eval() -> None:
     assert torch.equal(never.projection, before)
 
 
+def test_performer_resumed_from_a_state_dict_redraws_when_and_what_the_uninterrupted_module_does() -> None:
+    x, hw = torch.randn(1, 16, 16), (4, 4)
+    torch.manual_seed(0)
+    straight = build_attention("performer", 16, 2, redraw_interval=3)
+    for _ in range(5):
+        straight(x, hw)
+    saved = {key: value.clone() for key, value in straight.state_dict().items()}
+    torch.manual_seed(1)  # another seed: without the saved schedule it would draw other projections
+    resumed = build_attention("performer", 16, 2, redraw_interval=3)
+    resumed.load_state_dict(saved)
+    for _ in range(7):  # redraws at calls 6 and 9 of the schedule
+        straight(x, hw)
+        resumed(x, hw)
+        assert torch.equal(resumed.projection, straight.projection)
+    assert (resumed.seed, resumed.num_draws, resumed.training_calls) == (
+        straight.seed,
+        straight.num_draws,
+        straight.training_calls,
+    )
+
+
+def test_performer_loads_a_state_dict_saved_without_the_schedule_and_keeps_its_own() -> None:
+    torch.manual_seed(0)
+    module = build_attention("performer", 16, 2, redraw_interval=3)
+    old = {key: value for key, value in module.state_dict().items() if not key.endswith("redraw_state")}
+    torch.manual_seed(1)
+    target = build_attention("performer", 16, 2, redraw_interval=3)
+    own = (target.seed, target.num_draws, target.training_calls)
+    target.load_state_dict(old)  # strict: the missing key is not an error
+    assert torch.equal(target.projection, module.projection)
+    assert (target.seed, target.num_draws, target.training_calls) == own
+
+
 def test_performer_default_feature_count_is_d_ln_d() -> None:
     module = build_attention("performer", 64 * 4, 4)
     assert module.projection.shape == (round(64 * math.log(64)), 64)
