@@ -1,6 +1,8 @@
-"""The reliability tests reuse the data tests' fixtures (tiny datasets and planted bad-data cases)."""
+"""The reliability tests reuse the data tests' fixtures (tiny datasets and planted bad-data cases) and the
+training tests' tiny-run overrides."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS / "data"), str(TESTS / "train")]

@@ -8,13 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
+from train_overrides import TINY_MODEL, compose_config
 
-from segattn.config import register_resolvers
-
-REPO = Path(__file__).resolve().parents[2]
 FAULTS_SCRIPT = Path(__file__).with_name("train_with_faults.py")
 
 # CPU, quiet, no sanity validation; tiny models below and 32x32 synthetic images: steps take milliseconds.
@@ -36,36 +32,15 @@ SYNTHETIC = [
     "data.val_batch_size=2",
 ]
 BASE = [*SYNTHETIC, *RUN]
-VIT = [
-    "model=vit",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
-    "model.patch_size=8",
-    "model.head_channels=16",
-]
-UNET = ["model=unet", "model.encoder=test_resnet", "model.head_channels=16"]  # has BatchNorm buffers
+VIT = TINY_MODEL["vit"]
+UNET = TINY_MODEL["unet"]  # has BatchNorm buffers
 TINY = [*BASE, *VIT]
 
 
 def compose_run(tmp_path: Path, *overrides: str, run: str = "run") -> DictConfig:
     """The config ``python train.py <overrides>`` passes to ``segattn.train.run``, writing to tmp_path/run."""
-    register_resolvers()
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=[
-                f"paths.log_dir={tmp_path}",
-                f"paths.output_dir={tmp_path / run}",
-                "hydra/job_logging=none",
-                *overrides,
-            ],
-            return_hydra_config=True,
-        )
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+    paths = [f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / run}", "hydra/job_logging=none"]
+    return compose_config([*paths, *overrides])
 
 
 def train_command(tmp_path: Path, *overrides: str, run: str = "run") -> list[str]:
