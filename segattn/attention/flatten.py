@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import HW, AttentionBase
+from .depthwise import depthwise_conv
 from .functional import focused_feature_map, focused_linear_attention
-from .fused import FocusedAttention, depthwise_conv, use_fused
+from .fused import FocusedAttention, use_fused
 
 
 class FocusedLinearAttention(AttentionBase):

@@ -1,0 +1,77 @@
+"""Depthwise stride-1 'same' convolution on channels-last grids, with a fast CPU backward for kernels over
+3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .fused import use_fused
+
+
+def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
+    """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
+    weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
+    eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward; oneDNN's own 3×3 depthwise
+    backward is 2-4× faster than that one (Mix-FFN's shapes in pvt-b0 at 1024²), its 5×5 one 1.5-4× slower."""
+    kernel = conv.weight.shape[-1]
+    if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
+        raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
+    weight = conv.weight.contiguous(memory_format=torch.channels_last)
+    if use_fused() and images.device.type == "cpu" and kernel > 3:
+        return DepthwiseConv.apply(images, weight, conv.bias)
+    images = images.contiguous(memory_format=torch.channels_last)
+    return torch.nn.functional.conv2d(images, weight, conv.bias, padding=conv.padding, groups=conv.groups)
+
+
+class DepthwiseConv(torch.autograd.Function):
+    """conv2d(images, weight, bias, padding=k // 2, groups=C) on [B, C, H, W] (channels-last for speed).
+
+    On CPU oneDNN's depthwise backward-weights pass for kernels over 3×3 is several times slower than its
+    forward, so both gradients are forward convolutions: ∂images = conv with the flipped kernel, and
+    ∂weight per image = a depthwise conv of the padded image with the output gradient as a H×W kernel,
+    summed over images.
+    Under autocast the conv runs in the autocast dtype, as F.conv2d would.
+    """
+
+    @staticmethod
+    def forward(ctx, images, weight, bias):
+        device = images.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else images.dtype
+        ctx.dtypes = (images.dtype, weight.dtype, None if bias is None else bias.dtype)
+        # dense channels-last operands: given a strided view (a head of a qkv chunk) oneDNN would first
+        # convert it to NCHW, a copy that costs more than the convolution
+        images = images.to(dtype).contiguous(memory_format=torch.channels_last)
+        weight = weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        ctx.save_for_backward(images, weight)
+        with torch.autocast(device, enabled=False):
+            return torch.nn.functional.conv2d(
+                images, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0]
+            )
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        images, weight = ctx.saved_tensors
+        image_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        pad, channels = weight.shape[-1] // 2, weight.shape[0]
+        grad = grad.to(images.dtype).contiguous(memory_format=torch.channels_last)
+        grad_images = grad_weight = grad_bias = None
+        with torch.autocast(images.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                flipped = weight.flip(-2, -1)
+                grad_images = torch.nn.functional.conv2d(grad, flipped, padding=pad, groups=channels)
+                grad_images = grad_images.to(image_dtype)
+            if ctx.needs_input_grad[1]:
+                grad_weight = sum(  # the image padded by k // 2 and correlated with an H×W kernel: k×k
+                    torch.nn.functional.conv2d(
+                        images[i : i + 1], grad[i].unsqueeze(1), padding=pad, groups=channels
+                    )[0]
+                    for i in range(images.shape[0])
+                )
+                grad_weight = grad_weight.unsqueeze(1).to(weight_dtype)
+            if bias_dtype is not None and ctx.needs_input_grad[2]:
+                grad_bias = grad.sum(dim=(0, 2, 3)).to(bias_dtype)
+        return grad_images, grad_weight, grad_bias
