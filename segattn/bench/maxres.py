@@ -24,7 +24,7 @@ from .model import TrainStep, build_kwargs
 from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
 from .specs import Spec
 
-PROBE_STEPS = 2  # the heap grows over the first steps of a training run, then stays
+PROBE_STEPS = 2  # a training process's heap grows over its first steps (most with reused memory)
 
 
 @dataclass

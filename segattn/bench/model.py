@@ -30,7 +30,7 @@ from .measure import (
 )
 from .op import DTYPES
 from .report import Panel, grid, plot_panels, print_table, progress, write_csv
-from .specs import Spec, compile_options, with_compiled
+from .specs import Spec, compile_options, parse_spec, with_compiled
 
 NUM_CLASSES = 19
 NO_REDUCTION = "softmax:sr_ratios=[1,1,1,1]"
@@ -109,8 +109,6 @@ class TrainStep:
 
 
 def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
-    from .specs import parse_spec
-
     specs = settings.variants
     if specs is None:
         specs = [parse_spec(text) for text in default_variants(False, model.name)]
