@@ -29,7 +29,8 @@ def half_then_stall(obj, handle):
     data = buffer.getvalue()
     handle.write(data[: len(data) // 2])
     handle.flush()
-    marker.write_text(str(len(data)))
+    marker.with_name("partial").write_text(str(len(data)))
+    marker.with_name("partial").replace(marker)  # by rename: the test never reads an empty marker
     time.sleep(120)
 torch.save = half_then_stall
 atomic_save({"weights": torch.full((4096,), 2.0), "step": 2}, path)

@@ -41,14 +41,17 @@ class PoisonBatch(pl.Callback):
 
 
 class ParkAt(pl.Callback):
-    """At (epoch, batch) write ``marker`` and sleep: the test kills the process there, mid-epoch."""
+    """At (epoch, batch) write ``marker`` and sleep: the test kills the process there, mid-epoch. The marker
+    appears by rename, so a test polling for it never reads it empty."""
 
     def __init__(self, epoch: int, batch: int, marker: str, seconds: float = 120.0) -> None:
         self.epoch, self.batch, self.marker, self.seconds = epoch, batch, Path(marker), seconds
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
-            self.marker.write_text(str(trainer.global_step))
+            partial = self.marker.with_name(self.marker.name + ".partial")
+            partial.write_text(str(trainer.global_step))
+            partial.replace(self.marker)
             time.sleep(self.seconds)
 
 
