@@ -88,8 +88,9 @@ class AttentionBase(nn.Module):
 
 
 def to_grid(x: Tensor, hw: HW) -> Tensor:
-    # [B, N, C] -> [B, C, H, W]
-    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
+    """[B, N, C] tokens -> a [B, C, H, W] channels-last view with the standard strides, batch stride H·W·C
+    even at B = 1: convs given a size-1 batch with stride C run (and copy) NCHW."""
+    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)
 
 
 def from_grid(x: Tensor) -> Tensor:

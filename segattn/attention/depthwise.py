@@ -10,6 +10,15 @@ from torch.autograd.function import once_differentiable
 from .fused import use_fused
 
 
+def dense_channels_last(images: Tensor) -> Tensor:
+    """[B, C, H, W] ``images`` as a dense channels-last tensor with the standard strides. A [1, N, C] token
+    tensor viewed as a grid is channels-last but keeps a batch stride of C, and conv2d takes such an input
+    for NCHW: it copies it in, computes NCHW and copies the gradient too (a view here, no copy)."""
+    batch, channels, height, width = images.shape
+    pixels = images.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    return pixels.reshape(-1).view(batch, height, width, channels).permute(0, 3, 1, 2)
+
+
 def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
     """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
     weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
@@ -21,8 +30,9 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
     if use_fused() and images.device.type == "cpu" and kernel > 3:
         return DepthwiseConv.apply(images, weight, conv.bias)
-    images = images.contiguous(memory_format=torch.channels_last)
-    return torch.nn.functional.conv2d(images, weight, conv.bias, padding=conv.padding, groups=conv.groups)
+    return torch.nn.functional.conv2d(
+        dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups
+    )
 
 
 class DepthwiseConv(torch.autograd.Function):
@@ -42,7 +52,7 @@ class DepthwiseConv(torch.autograd.Function):
         ctx.dtypes = (images.dtype, weight.dtype, None if bias is None else bias.dtype)
         # dense channels-last operands: given a strided view (a head of a qkv chunk) oneDNN would first
         # convert it to NCHW, a copy that costs more than the convolution
-        images = images.to(dtype).contiguous(memory_format=torch.channels_last)
+        images = dense_channels_last(images.to(dtype))
         weight = weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
         ctx.save_for_backward(images, weight)
@@ -57,7 +67,7 @@ class DepthwiseConv(torch.autograd.Function):
         images, weight = ctx.saved_tensors
         image_dtype, weight_dtype, bias_dtype = ctx.dtypes
         pad, channels = weight.shape[-1] // 2, weight.shape[0]
-        grad = grad.to(images.dtype).contiguous(memory_format=torch.channels_last)
+        grad = dense_channels_last(grad.to(images.dtype))
         grad_images = grad_weight = grad_bias = None
         with torch.autocast(images.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
