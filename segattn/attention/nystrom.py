@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .base import HW, AttentionBase, from_grid, to_grid
+from .depthwise import depthwise_conv
 from .functional_approx import nystrom_attention
 
 
@@ -50,7 +51,7 @@ class NystromAttention(AttentionBase):
         out = super().mix_tokens(q, k, v, hw)
         if self.conv is None:
             return out
-        return out + from_grid(self.conv(to_grid(v, hw)))  # depthwise conv on V's [B, C, H, W] grid
+        return out + from_grid(depthwise_conv(to_grid(v, hw), self.conv))  # on V's grid, channels-last
 
     def extra_repr(self) -> str:
         return (
