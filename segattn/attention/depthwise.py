@@ -11,9 +11,9 @@ from .fused import use_fused
 
 
 def dense_channels_last(images: Tensor) -> Tensor:
-    """[B, C, H, W] ``images`` as a dense channels-last tensor with the standard strides. A [1, N, C] token
-    tensor viewed as a grid is channels-last but keeps a batch stride of C, and conv2d takes such an input
-    for NCHW: it copies it in, computes NCHW and copies the gradient too (a view here, no copy)."""
+    """[B, C, H, W] ``images`` as dense channels-last with the standard strides; a view when they are already
+    channels-last. A [1, N, C] token tensor viewed as a grid keeps a batch stride of C, and conv2d takes such
+    an input for NCHW: it copies it in, computes NCHW, and copies the gradients as well."""
     batch, channels, height, width = images.shape
     pixels = images.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
     return pixels.reshape(-1).view(batch, height, width, channels).permute(0, 3, 1, 2)
