@@ -89,7 +89,12 @@ def linformer_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, f: Tensor) -
 
 
 def segment_means(x: Tensor, num_segments: int) -> Tensor:
-    """Means of ``num_segments`` consecutive token segments: [B, h, N, d] -> [B, h, num_segments, d].
+    """Means of ``num_segments`` consecutive token segments: [B, h, N, d] -> [B, h, num_segments, d]."""
+    return segment_averaging(x, num_segments) @ x
+
+
+def segment_averaging(x: Tensor, num_segments: int) -> Tensor:
+    """The [s, N] matrix that averages the s token segments of ``x`` [..., N, d] (``segment_means``).
 
     N is padded up to s·⌈N/s⌉ with one pad token at the end of each of the last s·⌈N/s⌉ − N segments and
     only real tokens are averaged, so segments hold ⌈N/s⌉ or ⌈N/s⌉ − 1 tokens and none is empty. With
@@ -105,8 +110,7 @@ def segment_means(x: Tensor, num_segments: int) -> Tensor:
     stop = torch.maximum(start + length - (index >= first_short).long(), start + 1)
     tokens = torch.arange(n, device=x.device)
     member = (tokens >= start[:, None]) & (tokens < stop[:, None])  # [s, N]
-    averaging = member.to(x.dtype) / (stop - start).to(x.dtype)[:, None]
-    return averaging @ x
+    return member.to(x.dtype) / (stop - start).to(x.dtype)[:, None]
 
 
 def iterative_pinv(a: Tensor, iterations: int = 6) -> Tensor:
@@ -128,9 +132,10 @@ def nystrom_attention(
     q: Tensor, k: Tensor, v: Tensor, num_landmarks: int = 64, pinv_iterations: int = 6
 ) -> Tensor:
     """Nyströmformer (Xiong et al. 2021): softmax(q k̃ᵀ/√d) · pinv(softmax(q̃ k̃ᵀ/√d)) · softmax(q̃ kᵀ/√d) v,
-    with landmarks q̃, k̃ the segment means of q, k (see ``segment_means``)."""
+    with landmarks q̃, k̃ the segment means of q, k (see ``segment_averaging``)."""
     scale = q.shape[-1] ** -0.5
-    q_land, k_land = segment_means(q, num_landmarks), segment_means(k, num_landmarks)  # [B, h, m, d]
+    averaging = segment_averaging(q, num_landmarks)  # q and k share N: one matrix for both
+    q_land, k_land = averaging @ q, averaging @ k  # [B, h, m, d]
     # 1/√d goes on the m landmarks, not on the [N, m] scores: one pass fewer over them, forward and backward.
     q_land_scaled, k_land_scaled = q_land * scale, k_land * scale
     kernel_q = (q @ k_land_scaled.transpose(-2, -1)).softmax(dim=-1)  # [B, h, N, m]
