@@ -131,7 +131,11 @@ def latency(runs: dict[str, Any], images: Tensor, repeats: int = 5) -> dict[str,
 def onnx_metadata(info: dict[str, Any], dynamic: bool, exporter: str) -> str:
     """The JSON embedded in model.onnx: everything predict needs besides onnxruntime, numpy and Pillow."""
     keys = ("num_classes", "classes", "palette", "mean", "std", "ignore_index", "model")
-    return json.dumps({**{key: info[key] for key in keys}, "dynamic": dynamic, "exporter": exporter})
+    meta = {key: info[key] for key in keys} | {
+        "dataset": info.get("dataset"),
+        "data_config": info.get("data_config"),
+    }
+    return json.dumps(meta | {"dynamic": dynamic, "exporter": exporter})
 
 
 @contextlib.contextmanager

@@ -95,6 +95,7 @@ def describe(config: dict[str, Any], data: dict[str, Any], source: Path, fmt: st
         "std": [float(v) for v in data.get("std", DEFAULT_STD)],
         "ignore_index": int(data.get("ignore_index", 255)),
         "dataset": data.get("name"),
+        "data_config": data.get("config"),
     }
 
 
@@ -180,6 +181,7 @@ def write_metadata(info: dict[str, Any], directory: Path) -> None:
             "mean": info["mean"],
             "std": info["std"],
             "ignore_index": info["ignore_index"],
+            "config": info.get("data_config"),
         },
     }
     (directory / MODEL_FILE).write_text(yaml.safe_dump(meta, sort_keys=False))

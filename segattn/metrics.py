@@ -1,7 +1,8 @@
 """mmseg-compatible segmentation metrics accumulated over a whole evaluation set.
 
-Only per-class pixel counts are kept (never logits or masks), summed across ranks under DDP, so the
-scores of a distributed run equal those of a single process on the same predictions.
+Only the K × K confusion matrix of pixel counts is kept (never logits or masks), summed across ranks
+under DDP, so the scores of a distributed run equal those of a single process on the same predictions.
+Validation, the test step and ``eval.py`` all score with this one class.
 """
 
 from __future__ import annotations
@@ -10,13 +11,43 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+SUMMARY_KEYS = ("mIoU", "mAcc", "aAcc", "mDice", "fwIoU")
+PER_CLASS_KEYS = ("IoU", "Acc", "Dice", "Precision", "Recall")
+
+
+def scores_from_confusion(confusion: Tensor) -> dict[str, Tensor]:
+    """Scores in percent from ``confusion[label, prediction]`` pixel counts.
+
+    Per class c, with I = confusion[c, c], L = row sum (label pixels), P = column sum (predicted pixels):
+    IoU = I / (L + P − I), Acc = Recall = I / L, Precision = I / P, Dice = 2I / (L + P). A ratio whose
+    denominator is zero is NaN and left out of its mean, as in mmseg's ``IoUMetric``: a class absent from
+    both prediction and labels has no IoU, a class predicted but never labelled has IoU 0 (it counts).
+    aAcc = ΣI / ΣL; fwIoU = Σ_c (L_c / ΣL) · IoU_c.
+    """
+    counts = confusion.double()
+    intersect = counts.diagonal()
+    area_label, area_pred = counts.sum(1), counts.sum(0)
+    iou = intersect / (area_label + area_pred - intersect)  # 0/0 -> NaN: class absent from both
+    acc = intersect / area_label
+    frequency = area_label / area_label.sum()
+    return {
+        "mIoU": 100 * iou.nanmean(),
+        "mAcc": 100 * acc.nanmean(),
+        "aAcc": 100 * intersect.sum() / area_label.sum(),
+        "mDice": 100 * (2 * intersect / (area_label + area_pred)).nanmean(),
+        "fwIoU": 100 * (frequency * iou).nansum(),
+        "IoU": 100 * iou,
+        "Acc": 100 * acc,
+        "Dice": 100 * 2 * intersect / (area_label + area_pred),
+        "Precision": 100 * intersect / area_pred,
+        "Recall": 100 * acc,
+    }
+
 
 class SegmentationMetric(Metric):
-    """Per-class intersection / union / prediction / label pixel counts → mIoU, mAcc, aAcc in percent.
+    """A confusion matrix of valid pixels → the scores of ``scores_from_confusion`` (percent).
 
-    Definitions follow mmseg's ``IoUMetric``: pixels whose label is ``ignore_index`` are dropped;
-    IoU_c = I_c / U_c, Acc_c = I_c / L_c; a class whose union (resp. label count) is zero gets NaN and
-    is left out of the mean; aAcc = ΣI / ΣL.
+    Pixels whose label is ``ignore_index`` are dropped; any other label outside 0..K−1 is an error.
     """
 
     full_state_update = False
@@ -25,8 +56,7 @@ class SegmentationMetric(Metric):
         super().__init__()
         self.num_classes = num_classes
         self.ignore_index = ignore_index
-        for name in ("area_intersect", "area_union", "area_pred", "area_label"):
-            self.add_state(name, torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("confusion", torch.zeros(num_classes, num_classes, dtype=torch.long), "sum")
 
     def update(self, preds: Tensor, target: Tensor) -> None:
         """Add a batch of predicted class ids and labels (same shape, e.g. [B, H, W])."""
@@ -42,24 +72,8 @@ class SegmentationMetric(Metric):
                 f"not the ignore index {self.ignore_index}"
             )
         k = self.num_classes
-        intersect = torch.bincount(label[pred == label], minlength=k)
-        area_pred = torch.bincount(pred, minlength=k)
-        area_label = torch.bincount(label, minlength=k)
-        self.area_intersect += intersect
-        self.area_pred += area_pred
-        self.area_label += area_label
-        self.area_union += area_pred + area_label - intersect
+        self.confusion += torch.bincount(label * k + pred, minlength=k * k).view(k, k)
 
     def compute(self) -> dict[str, Tensor]:
-        """``mIoU``, ``mAcc``, ``aAcc`` (scalars) and per-class ``IoU``, ``Acc`` ([K], NaN when undefined)."""
-        intersect = self.area_intersect.double()
-        iou = intersect / self.area_union.double()  # 0/0 -> NaN: class absent from both
-        acc = intersect / self.area_label.double()
-        a_acc = intersect.sum() / self.area_label.sum().double()
-        return {
-            "mIoU": 100 * iou.nanmean(),
-            "mAcc": 100 * acc.nanmean(),
-            "aAcc": 100 * a_acc,
-            "IoU": 100 * iou,
-            "Acc": 100 * acc,
-        }
+        """Scalars ``SUMMARY_KEYS`` and per-class [K] tensors ``PER_CLASS_KEYS`` (NaN when undefined)."""
+        return scores_from_confusion(self.confusion)

@@ -1,5 +1,6 @@
-"""The LightningModule: training loss, full-resolution validation with mmseg metrics, optimizers, and
-the segattn section of every checkpoint. The only place (with train.py) that knows about Lightning."""
+"""The LightningModule: training loss, full-resolution validation and test with mmseg metrics,
+optimizers, and the segattn section of every checkpoint. The only place (with train.py) that knows about
+Lightning."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoint import restore_rng_state, rng_state
 from .inference import infer
-from .metrics import SegmentationMetric
+from .metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
 SchedulerFactory = Callable[[Optimizer, int], LRScheduler]
 
 
 class SegmentationModule(pl.LightningModule):
-    """Trains ``model`` (a Segmentor) with ``criterion``; validates with ``infer(**inference)``.
+    """Trains ``model`` (a Segmentor) with ``criterion``; validates and tests with ``infer(**inference)``.
 
     ``data_info`` ({name, classes, palette, ignore_index, mean, std}) is stored in checkpoints next to
     ``model.config`` so the model can be rebuilt and used from the checkpoint alone. ``compile_network``
@@ -46,7 +47,9 @@ class SegmentationModule(pl.LightningModule):
         self.data_info = data_info
         self.inference = dict(inference or {})
         self.val_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
+        self.test_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
+        self.test_scores: dict[str, Any] = {}  # the latest test's scores, read by the run summary
         self.compile_network = compile_network
         self.compiled = False
 
@@ -77,20 +80,33 @@ class SegmentationModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
         """Full-resolution prediction (whole image or sliding window); only pixel counts are kept."""
+        return self.score_batch(batch, self.val_metric)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
+        """The test split, predicted and scored exactly as validation is."""
+        return self.score_batch(batch, self.test_metric)
+
+    def score_batch(self, batch: dict[str, Any], metric: SegmentationMetric) -> dict[str, Tensor]:
         logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
         preds = logits.argmax(dim=1)
-        self.val_metric.update(preds, batch["mask"])
+        metric.update(preds, batch["mask"])
         return {"preds": preds}
 
     def on_validation_epoch_end(self) -> None:
-        scores = self.val_metric.compute()  # summed over all ranks
-        self.val_metric.reset()
-        self.log_dict({f"val/{name}": scores[name].float() for name in ("mIoU", "mAcc", "aAcc")})
+        self.val_scores = self.log_scores(self.val_metric, "val")
+
+    def on_test_epoch_end(self) -> None:
+        self.test_scores = self.log_scores(self.test_metric, "test")
+
+    def log_scores(self, metric: SegmentationMetric, prefix: str) -> dict[str, Any]:
+        """Log ``<prefix>/mIoU`` etc., reset ``metric``, and return the scores with per-class dicts."""
+        scores = metric.compute()  # summed over all ranks
+        metric.reset()
+        self.log_dict({f"{prefix}/{name}": scores[name].float() for name in SUMMARY_KEYS})
         classes = self.data_info["classes"]
-        self.val_scores = {
-            **{name: scores[name].item() for name in ("mIoU", "mAcc", "aAcc")},
-            "IoU": dict(zip(classes, scores["IoU"].tolist(), strict=True)),
-            "Acc": dict(zip(classes, scores["Acc"].tolist(), strict=True)),
+        return {
+            **{name: scores[name].item() for name in SUMMARY_KEYS},
+            **{name: dict(zip(classes, scores[name].tolist(), strict=True)) for name in PER_CLASS_KEYS},
         }
 
     def configure_optimizers(self) -> dict[str, Any]:

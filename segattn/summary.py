@@ -47,6 +47,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             "final mIoU / mAcc / aAcc",
             " / ".join(_percent(final.get(key)) for key in ("mIoU", "mAcc", "aAcc")),
         ),
+        *_test_rows(summary),
         ("epochs / steps", f"{summary['epochs']} / {summary['steps']}"),
         ("run dir", summary["run_dir"]),
         ("best checkpoint", summary["best_checkpoint"] or "-"),
@@ -55,11 +56,22 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     ]
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", value)
+    test = summary.get("test") or {}
+    which, per_class_iou = ("test", test["IoU"]) if test.get("IoU") else ("final", final.get("IoU"))
     per_class = Columns(
-        [f"{name}: {_percent(iou)}" for name, iou in final.get("IoU", {}).items()], padding=(0, 3)
+        [f"{name}: {_percent(iou)}" for name, iou in (per_class_iou or {}).items()], padding=(0, 3)
     )
-    body = Group(table, "", "[bold]final IoU per class[/]", per_class) if final.get("IoU") else table
+    body = Group(table, "", f"[bold]{which} IoU per class[/]", per_class) if per_class_iou else table
     (console or Console()).print(Panel(body, title="segattn run summary", expand=False))
+
+
+def _test_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The test scores beside val, or why there are none (no ``test_note``: testing was turned off)."""
+    if "test_note" not in summary:
+        return []
+    test = summary.get("test") or {}
+    scores = " / ".join(_percent(test.get(key)) for key in ("mIoU", "mAcc", "aAcc")) if test else "-"
+    return [("test mIoU / mAcc / aAcc", scores), ("test set", summary["test_note"])]
 
 
 def _percent(value: float | None) -> str:

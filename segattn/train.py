@@ -1,9 +1,11 @@
 """Training run from a composed Hydra config: builders turn config groups into plain objects, then
-Lightning fits. ``run(cfg)`` is what ``python train.py`` calls."""
+Lightning fits and (``test_after_fit``) tests the best checkpoint. ``run(cfg)`` is what ``python
+train.py`` calls."""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from .checkpoint import load_weights, read_checkpoint, resolve_ckpt_path, wandb_
 from .config import check_config
 from .cpu_memory import reuse_freed_memory
 from .data import SegDataModule
+from .data.errors import DataError
 from .guards import NonFiniteGuard
 from .last_checkpoint import ResumableModelCheckpoint
 from .losses import SegLoss
@@ -83,7 +86,7 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         raise ValueError(f"model.compile={compile_network!r}; expected true or false")
     model = build_model(
         **model_options,
-        num_classes=cfg.data.num_classes,
+        num_classes=datamodule.num_classes,
         attention=cfg.attention.name,
         attention_options=plain(cfg.attention.options),
     )
@@ -95,6 +98,7 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         )
     data_info = {
         "name": cfg.data.name,
+        "config": recorded_data_config(cfg),
         "classes": list(datamodule.classes),
         "palette": [list(colour) for colour in datamodule.palette],
         "ignore_index": int(datamodule.ignore_index),
@@ -112,6 +116,15 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         inference=plain(cfg.validation),
         compile_network=compile_network,
     )
+
+
+def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg.data`` as plain values with an absolute root: what eval.py reuses to score the checkpoint on
+    the same dataset, split names and evaluation size as validation did."""
+    data = plain(cfg.data)
+    if data.get("root") is not None:
+        data["root"] = str(Path(data["root"]).resolve())
+    return data
 
 
 def build_loggers(cfg: DictConfig, resume_from: Path | None) -> list[Logger]:
@@ -152,12 +165,32 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             logger.log_hyperparams(plain(cfg))
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         summary = summarize(trainer, module, run_dir)
+        if cfg.test_after_fit:
+            summary.update(run_test(trainer, module, datamodule))
         failed = False
     finally:
         finish_wandb(loggers, exit_code=int(failed))
     if trainer.is_global_zero:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print_summary(summary)
     return summary
+
+
+def run_test(trainer: pl.Trainer, module: SegmentationModule, datamodule: SegDataModule) -> dict[str, Any]:
+    """Score the best checkpoint (the final weights without one) on the test split, scored as validation
+    is; ``test`` holds the scores, or ``test_note`` says why there are none."""
+    split = datamodule.splits["test"]
+    try:
+        datamodule.setup("test")
+        count = len(datamodule.datasets["test"])
+    except (DataError, ValueError) as error:
+        return {"test": {}, "test_note": f"no test split {split!r}: {error}"}
+    if count == 0:
+        return {"test": {}, "test_note": f"test split {split!r} is empty"}
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "")
+    trainer.test(module, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+    weights = best or "the final weights"
+    return {"test": dict(module.test_scores), "test_note": f"{count} images of split {split!r}, {weights}"}
 
 
 def finish_wandb(loggers: list[Logger], exit_code: int) -> None:

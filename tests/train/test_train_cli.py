@@ -1,5 +1,6 @@
 """``python train.py`` end to end in a subprocess: checkpoints, the offline W&B run, the summary, sweeps."""
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,11 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
         f"paths.log_dir={tmp_path}",
     )
     assert "segattn run summary" in result.stdout
+    # test_after_fit: the best checkpoint scored on the test split, in the summary (printed and saved).
+    assert "test mIoU / mAcc / aAcc" in result.stdout and "4 images of split 'test'" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["test"]["IoU"]) == {name for name, _ in SYNTHETIC_CLASSES}
+    assert 0 <= summary["test"]["mIoU"] <= 100
     assert OmegaConf.load(run_dir / ".hydra/config.yaml").model.name == "vit"
 
     # Checkpoints: best by val/mIoU and last; the model is rebuilt from the checkpoint alone.
@@ -55,6 +61,7 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     meta = ckpt["segattn"]
     assert set(meta) == {"model", "data", "wandb_run_id"}
+    assert meta["data"]["config"]["image_size"] == [32, 32]  # what eval.py rebuilds the dataset from
     assert meta["data"]["classes"] == [name for name, _ in SYNTHETIC_CLASSES]
     assert meta["data"]["ignore_index"] == 255 and len(meta["data"]["palette"]) == 5
     model = build_model(**meta["model"])
@@ -90,6 +97,9 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     for overlay in overlays:
         assert (wandb_dirs[0] / "files" / overlay["prediction"]["path"]).is_file()
     assert any("val/per_class.nrows" in row for row in rows)
+    tested = [row for row in rows if "test/mIoU" in row]
+    assert len(tested) == 1 and tested[0]["test/mIoU"] == pytest.approx(summary["test"]["mIoU"], abs=1e-4)
+    assert {"test/mDice", "test/fwIoU"} <= set(tested[0])
 
 
 def test_multirun_sweeps_attention_variants(tmp_path):

@@ -57,12 +57,12 @@ QUIET = [
 ]
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The config ``python train.py <overrides>`` would pass to ``run``; its ``hydra`` node is moved to
-    ``HydraConfig.get()`` as in a real run."""
+def compose_config(overrides: list[str], config_name: str = "train") -> DictConfig:
+    """The config ``python <config_name>.py <overrides>`` would pass to ``run``; its ``hydra`` node is moved
+    to ``HydraConfig.get()`` as in a real run."""
     register_resolvers()
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
