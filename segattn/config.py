@@ -1,5 +1,5 @@
-"""Config plumbing for train.py: the ``repo_root`` resolver and the checks a config must pass before
-any training starts (builders check their own arguments; this covers what spans groups)."""
+"""Config plumbing for train.py and eval.py: the ``repo_root`` resolver and the checks a config must
+pass before any training starts (builders check their own arguments; this covers what spans groups)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ def check_config(cfg: DictConfig) -> None:
             f"ckpt_path={cfg.ckpt_path} resumes a run and init_from={cfg.init_from} starts a new one "
             "from weights; set only one"
         )
-    validation = cfg.validation
+    check_validation(cfg.validation)
+
+
+def check_validation(validation: DictConfig) -> None:
+    """``validation.*`` (train, test and eval): a known mode, and a window for slide mode."""
     if validation.mode not in MODES:
         raise ValueError(f"validation.mode={validation.mode!r}; expected one of {', '.join(MODES)}")
     if validation.mode == "slide" and not validation.crop_size:

@@ -19,6 +19,13 @@ METADATA_KEY = "segattn"
 ONNX_FILE = "model.onnx"
 
 
+def is_onnx(path: Path) -> bool:
+    """A ``.onnx`` file, or a directory holding ``model.onnx`` but no safetensors export."""
+    if path.is_dir():
+        return (path / ONNX_FILE).is_file() and not (path / "model.safetensors").is_file()
+    return path.suffix == ".onnx"
+
+
 class OnnxSegmentor:
     """``model.onnx`` in an onnxruntime session; ``info`` is the metadata the export embedded in it."""
 
@@ -107,4 +114,4 @@ def infer_numpy(
     return logits[..., :height, :width]
 
 
-__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "slide_numpy"]
+__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "is_onnx", "slide_numpy"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from .cpu_memory import reuse_freed_memory
 from .io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
-from .onnx_infer import ONNX_FILE
+from .onnx_infer import is_onnx
 
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
 
@@ -35,13 +35,6 @@ DEFAULTS: dict[str, Any] = {
     "alpha": 0.5,
     "threads": 0,
 }
-
-
-def is_onnx(path: Path) -> bool:
-    """A ``.onnx`` file, or a directory holding ``model.onnx`` but no safetensors export."""
-    if path.is_dir():
-        return (path / ONNX_FILE).is_file() and not (path / "model.safetensors").is_file()
-    return path.suffix == ".onnx"
 
 
 def pair(values: tuple, key: str) -> tuple[int, int] | None:

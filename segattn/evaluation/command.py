@@ -1,0 +1,165 @@
+"""``python eval.py checkpoint=... [split=test] [data=...] [validation.*=...]``: ``run(cfg)``.
+
+The split is predicted batch by batch exactly as validation predicts it (same transform, collate and
+``infer`` options), and only the confusion matrix is kept, so memory is bounded by one batch of images
+whatever the split's size. The dataset config (name, root, evaluation size, split names) comes from the
+checkpoint unless the command line names it; classes and normalisation always come from the model.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.progress import Progress
+from torch.utils.data import DataLoader
+
+from ..config import check_validation, repo_root
+from ..data import SegDataModule
+from ..data.datamodule import seg_collate
+from ..data.errors import DataError
+from ..metrics import SegmentationMetric
+from . import report
+from .predictors import load_predictor
+
+
+def data_config(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
+    """The data config to evaluate on: ``data=<name>``'s file when one was picked, otherwise the config
+    recorded in the checkpoint (or, for exports without one, its dataset's config file), with every key the
+    command line set (``data.root=...``) on top. The model's own normalisation always wins."""
+    given = {key: value for key, value in plain(cfg.data).items() if value is not None}
+    if "mean" in cfg.data:  # data=<name> merged a complete dataset file over eval.yaml's two keys
+        data = given
+    else:
+        data = dict(info.get("data_config") or recorded_dataset_file(cfg, info)) | given
+    if data.get("root") == "???":
+        raise ValueError(
+            f"data.root is not set; dataset {data.get('name')!r} needs the folder holding its files"
+        )
+    return data | {"mean": info["mean"], "std": info["std"], "num_classes": None, "validate": False}
+
+
+def recorded_dataset_file(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
+    """conf/data/<the checkpoint's dataset>.yaml, resolved against this config's paths."""
+    name = info.get("dataset")
+    if not name:
+        raise ValueError(f"checkpoint={cfg.checkpoint} does not record its dataset; name it with data=<name>")
+    path = Path(repo_root()) / "conf" / "data" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"checkpoint={cfg.checkpoint} was trained on dataset {name!r}, which has no {path}")
+    merged = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # an open copy to graft onto
+    merged.data = OmegaConf.load(path)
+    return plain(merged.data)
+
+
+def plain(node: Any) -> dict[str, Any]:
+    """A config node as a plain dict, interpolations resolved, ``???`` left as is."""
+    return OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
+
+
+def check_classes(datamodule: SegDataModule, info: dict[str, Any], cfg: DictConfig) -> None:
+    if datamodule.num_classes != info["num_classes"]:
+        raise ValueError(
+            f"checkpoint={cfg.checkpoint} predicts {info['num_classes']} classes but dataset "
+            f"{datamodule.name!r} has {datamodule.num_classes} ({', '.join(datamodule.classes[:12])}); "
+            "evaluate it on the dataset it was trained for (data=<name> data.root=<path>)"
+        )
+
+
+def build_loader(datamodule: SegDataModule, split: str, data: dict[str, Any]) -> DataLoader:
+    """The split with the evaluation transform, batched as validation batches it."""
+    try:
+        dataset = datamodule.source.dataset(split, datamodule.eval_transform)
+    except (DataError, ValueError) as error:
+        raise ValueError(f"split={split!r}: {error}") from None
+    if len(dataset) == 0:
+        raise ValueError(f"split={split!r} of dataset {datamodule.name!r} has no images")
+    return DataLoader(
+        dataset,
+        batch_size=int(data.get("val_batch_size", 1)),
+        shuffle=False,
+        num_workers=int(data.get("num_workers", 0)),
+        collate_fn=partial(seg_collate, ignore_index=datamodule.ignore_index),
+    )
+
+
+def to_rgb(image: torch.Tensor, mean: list[float], std: list[float]) -> np.ndarray:
+    """A normalised [3, H, W] image back to uint8 [H, W, 3]."""
+    rgb = image.permute(1, 2, 0).numpy() * np.asarray(std) + np.asarray(mean)
+    return (rgb * 255).clip(0, 255).round().astype(np.uint8)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
+    check_validation(cfg.validation)
+    inference = OmegaConf.to_container(cfg.validation, resolve=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    predict, info = load_predictor(Path(str(cfg.checkpoint)), inference, int(cfg.threads))
+    data = data_config(cfg, info)
+    datamodule = SegDataModule(**data)
+    check_classes(datamodule, info, cfg)
+    loader = build_loader(datamodule, str(cfg.split), data)
+    metric = SegmentationMetric(info["num_classes"], datamodule.ignore_index)
+    examples: list[dict[str, Any]] = []
+    with Progress(transient=False) as bar:
+        task = bar.add_task(f"evaluating {cfg.split}", total=len(loader.dataset))
+        for batch in loader:
+            preds = predict(batch["image"])
+            metric.update(preds, batch["mask"])
+            for index in range(len(preds)):
+                if len(examples) < int(cfg.num_examples):
+                    examples.append(
+                        {
+                            "name": Path(str(batch["path"][index])).name,
+                            "rgb": to_rgb(batch["image"][index], info["mean"], info["std"]),
+                            "mask": batch["mask"][index].numpy(),
+                            "pred": preds[index].numpy(),
+                        }
+                    )
+            bar.advance(task, len(preds))
+    confusion = metric.confusion.numpy()
+    record = report.scores_record(metric.compute(), confusion, datamodule.classes)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = describe_inference(inference)
+    payload = {
+        "checkpoint": str(cfg.checkpoint),
+        "format": info.get("format"),
+        "dataset": datamodule.name,
+        "root": None if data.get("root") is None else str(data["root"]),
+        "split": str(cfg.split),
+        "images": len(loader.dataset),
+        "inference": inference,
+        **record,
+        "confusion": confusion.tolist(),
+    }
+    report.write_json(payload, out_dir / "metrics.json")
+    report.write_per_class_csv(record, out_dir / "per_class.csv")
+    title = f"{datamodule.name} {cfg.split}, {len(loader.dataset)} images, {mode}"
+    report.plot_confusion(confusion, datamodule.classes, out_dir / "confusion.png", title)
+    if examples:
+        report.plot_examples(examples, [tuple(c) for c in info["palette"]], out_dir / "examples.png")
+    report.print_scores(record, f"{info.get('format')} {cfg.checkpoint} on {title}")
+    written = "metrics.json, per_class.csv, confusion.png" + (", examples.png" if examples else "")
+    print(f"eval: wrote {written} to {out_dir}")
+    return payload
+
+
+def describe_inference(inference: dict[str, Any]) -> str:
+    """``whole``, or ``slide 512x512 stride 341x341``, plus scales and flip when used."""
+    text = inference["mode"]
+    if text == "slide":
+        crop = inference["crop_size"]
+        text += f" {crop[0]}x{crop[-1]}"
+        if inference.get("stride"):
+            text += f" stride {inference['stride'][0]}x{inference['stride'][-1]}"
+    if list(inference.get("scales") or [1.0]) != [1.0]:
+        text += f", scales {list(inference['scales'])}"
+    if inference.get("flip"):
+        text += ", flip"
+    return text
