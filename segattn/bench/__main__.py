@@ -1,4 +1,5 @@
-"""``python -m segattn.bench {op,model,maxres,all} [--smoke] [--out DIR]``: see ``--help`` of each part.
+"""``python -m segattn.bench {op,model,maxres,accuracy,all} [--smoke] [--out DIR]``: see ``--help`` of each
+part (``all`` runs op, model and maxres; ``accuracy`` trains and is run on its own).
 
 Defaults depend on the device (CPU grids are smaller); ``--smoke`` shrinks everything to seconds for CI.
 Results go to ``bench_results/<timestamp>/`` (git-ignored) unless ``--out`` is given.
@@ -16,6 +17,7 @@ import torch
 from ..attention import available_attention
 from ..cpu_memory import reuse_freed_memory
 from . import report
+from .measure import total_memory_budget
 from .specs import parse_count, parse_spec
 
 # Per part and device kind ("smoke" for --smoke): the defaults of every option left unset.
@@ -37,6 +39,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "smoke": {"start": 64, "step": 32, "max_size": 64, "budget_gib": 2.0, "probe_timeout": 120.0},
         "cpu": {"start": 512, "step": 128, "max_size": 8192, "budget_gib": None, "probe_timeout": 900.0},
         "cuda": {"start": 1024, "step": 128, "max_size": 16384, "budget_gib": None, "probe_timeout": 600.0},
+    },
+    "accuracy": {
+        "smoke": {"experiment": "accuracy_smoke", "seeds": [0], "repeats": 1, "budget_gib": 1.0}
+        | {"start": 64, "step": 32, "max_size": 64, "probe_timeout": 120.0},
+        "cpu": {"experiment": "accuracy_camvid_cpu", "seeds": [0, 1], "repeats": 3, "budget_gib": 2.0}
+        | {"start": 512, "step": 128, "max_size": 16384, "probe_timeout": 300.0},
+        "cuda": {"experiment": "accuracy_camvid_gpu", "seeds": [0, 1, 2], "repeats": 10, "budget_gib": None}
+        | {"start": 1024, "step": 128, "max_size": 16384, "probe_timeout": 600.0},
     },
 }
 
@@ -112,6 +122,44 @@ def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) ->
     run(settings, device, out_dir)
 
 
+def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+    from .accuracy import AccuracySettings, default_variants, run
+
+    values = preset(args, "accuracy", device)
+    budget = values.get("budget_gib")
+    settings = AccuracySettings(
+        experiment=values["experiment"],
+        variants=[parse_spec(text) for text in values.get("variants") or default_variants(args.smoke)],
+        seeds=values["seeds"],
+        overrides=values.get("overrides") or [],
+        jobs=values.get("jobs", 1),
+        repeats=values["repeats"],
+        maxres_budget_gib=None if args.no_maxres else budget or total_memory_budget(device) / (1 << 30),
+        maxres_start=values["start"],
+        maxres_step=values["step"],
+        maxres_max_size=values["max_size"],
+        maxres_timeout=values["probe_timeout"],
+    )
+    run(settings, device, out_dir)
+
+
+def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("accuracy")
+    group.add_argument("--experiment", help="conf/experiment/<name> every run trains with")
+    group.add_argument("--seeds", nargs="+", type=int, help="one run per variant and seed")
+    group.add_argument("--jobs", type=int, help="runs side by side, each with cores / jobs threads")
+    group.add_argument(
+        "--overrides", nargs="+", help="Hydra overrides for every run, e.g. data.root=../shared/data/camvid"
+    )
+    group.add_argument("--repeats", type=int, help="timed step repeats for the s/step column")
+    group.add_argument("--budget-gib", type=float, help="memory budget of the largest-image column")
+    group.add_argument("--no-maxres", action="store_true", help="skip the largest-image column")
+    group.add_argument("--start", type=int, help="first maxres probe size (pixels per side)")
+    group.add_argument("--step", type=int, help="resolution of the maxres search")
+    group.add_argument("--max-size", type=int, help="stop the maxres search above this size")
+    group.add_argument("--probe-timeout", type=float, help="seconds before a maxres probe counts as too slow")
+
+
 def common_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--smoke", action="store_true", help="tiny sizes that finish in seconds (CI)")
@@ -181,6 +229,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_options(
         parts.add_parser("maxres", parents=[common], help="largest trainable image"), maxres=True
     )
+    add_accuracy_options(
+        parts.add_parser(
+            "accuracy", parents=[common], help="test mIoU vs training cost: trains every variant (resumable)"
+        )
+    )
     parts.add_parser("all", parents=[common], help="op, model and maxres with their defaults")
     return parser.parse_args(argv)
 
@@ -194,8 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     report.write_environment(out_dir, report.environment(device))
-    runners = {"op": run_op, "model": run_model, "maxres": run_maxres}
-    for part in runners if args.part == "all" else [args.part]:
+    runners = {"op": run_op, "model": run_model, "maxres": run_maxres, "accuracy": run_accuracy}
+    for part in ["op", "model", "maxres"] if args.part == "all" else [args.part]:
         runners[part](args, device, out_dir)
     report.console.print(f"[bold]results:[/] {out_dir}")
 

@@ -1,0 +1,323 @@
+"""``bench accuracy``: test mIoU against training cost for every attention variant, trained alike.
+
+Every (variant, seed) is one ``train.py`` run of the same experiment (model, data, crop, epochs, schedule)
+in its own directory ``<out>/runs/<variant>-seed<seed>``, which tests its best checkpoint on the test
+split (``test_after_fit``). Runs are resumable: a finished run (its ``summary.json`` holds test scores) is
+kept, an interrupted one continues from its ``last.ckpt``, so rerunning the same command completes the
+table. Costs are measured after training, in one process for all variants so that ratios are fair:
+``bench model``'s training step at the experiment's batch and crop (time round-robin, peak memory in
+fresh children) and ``bench maxres``'s largest square image at batch 1 within a memory budget.
+Results: ``accuracy.csv`` (one row per run), ``accuracy_table.csv`` / ``accuracy.md`` (one row per
+variant) and ``accuracy.png`` (mIoU against time per step, marker area = peak memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attention import attention_class, attention_options
+from .maxres import MaxresSettings, find_maxres
+from .measure import total_memory_budget
+from .model import ModelSettings, measure_memory, time_steps
+from .report import console, format_bytes, format_seconds, print_table, progress, write_csv
+from .specs import Spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO / "train.py"
+
+
+@dataclass
+class AccuracySettings:
+    experiment: str  # conf/experiment/<name>.yaml: the recipe every run shares
+    variants: list[Spec]
+    seeds: list[int]
+    overrides: list[str]  # Hydra overrides added to every run (e.g. data.root=...)
+    jobs: int = 1  # runs side by side, each with cores // jobs threads
+    repeats: int = 3
+    maxres_budget_gib: float | None = 2.0  # None: skip the maxres column
+    maxres_start: int = 512
+    maxres_step: int = 128
+    maxres_max_size: int = 16384
+    maxres_timeout: float = 300.0
+
+
+def default_variants(smoke: bool) -> list[str]:
+    """PVT's softmax without and with its own spatial reduction (``sra``: 8/4/2/1), then the linear ones;
+    Linformer at the 128² training crop (1,024 stage-1 tokens), which also bounds its evaluation."""
+    if smoke:
+        return ["sra", "linear"]
+    return [
+        *["softmax:sr_ratios=[1,1,1,1]", "sra", "efficient", "linear", "taylor", "flatten"],
+        *["performer", "nystrom", "linformer:max_tokens=1024"],
+    ]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the cost measurements take from the composed experiment: the same network, batch and crop."""
+
+    model: Spec
+    batch: int
+    crop: int
+
+
+def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
+    """Compose ``train.py experiment=<name> <overrides>`` and keep the model, batch size and crop side."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}", *overrides])
+    options = OmegaConf.to_container(cfg.model, resolve=True)
+    name = options.pop("name")
+    for key in ("compile", "pretrained"):  # how it trains and starts, not the network that is timed
+        options.pop(key, None)
+    crop = list(cfg.data.crop_size) if not isinstance(cfg.data.crop_size, int) else [cfg.data.crop_size] * 2
+    if crop[0] != crop[1]:
+        raise ValueError(f"bench accuracy: data.crop_size={crop}; the step cost is measured on square crops")
+    label = f"{name}-{options['size']}" if options.get("size") else name
+    return Recipe(Spec(name, options, label), int(cfg.data.batch_size), crop[0])
+
+
+def spec_overrides(variant: Spec) -> list[str]:
+    """``attention=<name>`` plus each option as an attention or a model override (``sr_ratios`` is PVT's)."""
+    accepted = set(attention_options(variant.name))
+    overrides = [f"attention={variant.name}"]
+    for key, value in variant.options.items():
+        key = f"++attention.options.{key}" if key in accepted else f"model.{key}"
+        overrides.append(f"{key}={json.dumps(value)}")
+    if not attention_class(variant.name).onnx_dynamic:
+        # Tied to a token count: evaluate by sliding the training crop over the image, its trained size.
+        overrides += ["validation.mode=slide", "validation.crop_size=${data.crop_size}"]
+    return overrides
+
+
+def run_name(variant: Spec, seed: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in variant.label)
+    return f"{safe}-seed{seed}"
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The finished run's summary (None while it has no test scores)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("test") else None
+
+
+def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Path) -> dict[str, Any]:
+    """Train (or resume, or reuse) one run; return its result row."""
+    run_dir = runs_dir / run_name(variant, seed)
+    row: dict[str, Any] = {"variant": variant.label, "seed": seed, "run_dir": str(run_dir)}
+    summary = read_summary(run_dir)
+    if summary is None:
+        command = [sys.executable, str(TRAIN_SCRIPT), f"experiment={settings.experiment}"]
+        command += [*settings.overrides, *spec_overrides(variant), f"seed={seed}"]
+        command += [f"run_name={run_name(variant, seed)}", f"hydra.run.dir={run_dir}"]
+        last = run_dir / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            command.append(f"ckpt_path={last}")
+        threads = str(max(1, (os.cpu_count() or 1) // settings.jobs))
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        progress(f"accuracy: training {run_dir.name}{' (resuming)' if last.is_file() else ''}")
+        start = time.perf_counter()
+        with open(run_dir / "train_stdout.log", "a") as log:
+            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        elapsed = time.perf_counter() - start
+        summary = read_summary(run_dir)
+        if result.returncode != 0 or summary is None:
+            progress(f"accuracy: {run_dir.name} failed (exit {result.returncode}); see {log.name}")
+            return row | {"status": "failed", "note": f"exit {result.returncode}, see {log.name}"}
+        (run_dir / "train_seconds.txt").write_text(f"{elapsed:.1f}\n")
+        progress(
+            f"accuracy: {run_dir.name} test mIoU {summary['test']['mIoU']:.2f} in {elapsed / 60:.1f} min"
+        )
+    seconds_file = run_dir / "train_seconds.txt"
+    test = summary["test"]
+    return row | {
+        "status": "ok",
+        "test_mIoU": test["mIoU"],
+        "test_mAcc": test["mAcc"],
+        "test_aAcc": test["aAcc"],
+        "best_val_mIoU": summary["best_mIoU"],
+        "steps": summary["steps"],
+        "train_seconds": float(seconds_file.read_text()) if seconds_file.is_file() else None,
+        "note": "",
+    }
+
+
+def train_all(settings: AccuracySettings, out_dir: Path) -> list[dict[str, Any]]:
+    """All (variant, seed) runs, ``jobs`` at a time, in a fixed order (seed-major, so a table with one
+    seed of every variant exists before the second seed starts)."""
+    runs_dir = out_dir / "runs"
+    jobs = [(variant, seed) for seed in settings.seeds for variant in settings.variants]
+    with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
+        futures = [pool.submit(train_one, settings, variant, seed, runs_dir) for variant, seed in jobs]
+        return [future.result() for future in futures]
+
+
+def measure_costs(settings: AccuracySettings, recipe: Recipe, device: torch.device) -> dict[str, dict]:
+    """Per variant: training-step seconds and peak memory at the experiment's batch and crop, and the
+    largest trainable square image at batch 1 within the maxres budget."""
+    model_settings = ModelSettings(
+        models=[recipe.model],
+        variants=settings.variants,
+        image_sizes=[recipe.crop],
+        dtypes=["fp32"],
+        batch=recipe.batch,
+        repeats=settings.repeats,
+        max_step_seconds=float("inf"),
+    )
+    rows = time_steps(model_settings, device)
+    measure_memory(rows, model_settings, device)
+    costs = {
+        row["variant"]: {"step_seconds": row.get("seconds"), "peak_bytes": row.get("peak_bytes")}
+        for row in rows
+        if row["status"] == "ok"
+    }
+    if settings.maxres_budget_gib:
+        budget = int(settings.maxres_budget_gib * (1 << 30))
+        maxres = MaxresSettings(
+            models=[recipe.model],
+            variants=settings.variants,
+            budget_bytes=budget,
+            checkpointing=[False],
+            start=settings.maxres_start,
+            step=settings.maxres_step,
+            max_size=settings.maxres_max_size,
+            probe_timeout=settings.maxres_timeout,
+            extrapolate_gib=None,
+        )
+        budget = min(budget, total_memory_budget(device, fraction=0.9))
+        for variant in settings.variants:
+            row, _ = find_maxres(recipe.model, variant, False, maxres, budget, device)
+            costs.setdefault(variant.label, {}).update(
+                maxres=row["maxres"], maxres_limited_by=row["limited_by"]
+            )
+    return costs
+
+
+def summarize(
+    runs: list[dict[str, Any]], costs: dict[str, dict[str, Any]], variants: list[Spec]
+) -> list[dict]:
+    """One row per variant: mean and spread of test mIoU over seeds, and the costs."""
+    table = []
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant.label and r["status"] == "ok"]
+        scores = [r["test_mIoU"] for r in mine]
+        row: dict[str, Any] = {"variant": variant.label, "seeds": len(scores)}
+        row["test_mIoU_mean"] = statistics.fmean(scores) if scores else None
+        row["test_mIoU_std"] = statistics.stdev(scores) if len(scores) > 1 else None
+        row["test_mIoU_runs"] = " ".join(f"{s:.2f}" for s in scores)
+        row["test_mAcc_mean"] = statistics.fmean(r["test_mAcc"] for r in mine) if mine else None
+        times = [r["train_seconds"] for r in mine if r.get("train_seconds")]
+        row["train_minutes_mean"] = statistics.fmean(times) / 60 if times else None
+        table.append(row | costs.get(variant.label, {}))
+    return table
+
+
+def markdown(table: list[dict[str, Any]], budget_text: str) -> str:
+    """The README table."""
+    lines = [
+        "| variant | test mIoU (mean ± std) | runs | s/step | peak memory / step | "
+        f"largest image, batch 1, {budget_text} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        mean, std = row["test_mIoU_mean"], row["test_mIoU_std"]
+        score = "-" if mean is None else f"{mean:.2f}" + ("" if std is None else f" ± {std:.2f}")
+        step = format_seconds(row["step_seconds"]) if row.get("step_seconds") else "-"
+        peak = format_bytes(row["peak_bytes"]) if row.get("peak_bytes") else "-"
+        maxres = f"{row['maxres']}² ({row['maxres_limited_by']})" if row.get("maxres") is not None else "-"
+        lines.append(
+            f"| `{row['variant']}` | {score} | {row['test_mIoU_runs']} | {step} | {peak} | {maxres} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
+    """mIoU (mean, spread over seeds as error bars) against seconds per step; marker area ∝ peak memory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in table if r["test_mIoU_mean"] is not None and r.get("step_seconds")]
+    figure, axes = plt.subplots(figsize=(7.5, 5))
+    peaks = [r.get("peak_bytes") or 0 for r in points]
+    largest = max(peaks, default=0) or 1
+    for row, peak in zip(points, peaks, strict=True):
+        size = 60 + 540 * peak / largest
+        axes.errorbar(
+            row["step_seconds"],
+            row["test_mIoU_mean"],
+            yerr=row["test_mIoU_std"] or 0,
+            fmt="none",
+            ecolor="0.5",
+            capsize=3,
+            zorder=1,
+        )
+        axes.scatter(row["step_seconds"], row["test_mIoU_mean"], s=size, alpha=0.6, zorder=2)
+        label = f"{row['variant']} ({format_bytes(peak)})" if peak else row["variant"]
+        axes.annotate(
+            label,
+            (row["step_seconds"], row["test_mIoU_mean"]),
+            fontsize=8,
+            xytext=(6, 6),
+            textcoords="offset points",
+        )
+    axes.set_xlabel("seconds per training step")
+    axes.set_ylabel("test mIoU (%)")
+    axes.set_title(title, fontsize=9)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
+    recipe = read_recipe(settings.experiment, settings.overrides)  # a bad override fails before training
+    runs = train_all(settings, out_dir)
+    write_csv(out_dir / "accuracy.csv", runs)
+    failed = [r for r in runs if r["status"] != "ok"]
+    progress(f"accuracy: {len(runs) - len(failed)} runs finished, {len(failed)} failed; measuring costs")
+    costs = measure_costs(settings, recipe, device)
+    table = summarize(runs, costs, settings.variants)
+    write_csv(out_dir / "accuracy_table.csv", table)
+    budget_text = f"{settings.maxres_budget_gib:g} GiB" if settings.maxres_budget_gib else "not measured"
+    text = markdown(table, budget_text)
+    (out_dir / "accuracy.md").write_text(text)
+    title = (
+        f"{settings.experiment}: {recipe.model.label}, {len(settings.seeds)} seed(s); "
+        f"step cost at batch {recipe.batch}, {recipe.crop}² crops; marker area ∝ peak memory"
+    )
+    plot(table, out_dir / "accuracy.png", title)
+    caption = (
+        f"experiment={settings.experiment}; test mIoU of each run's best checkpoint; s/step and peak "
+        f"memory of one fp32 training step at batch {recipe.batch}, {recipe.crop}² (fresh process for "
+        "the peak); largest image from maxres probes"
+    )
+    columns = ["variant", "test mIoU", "runs", "s/step", "peak", "largest image"]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()[2:]]
+    print_table("accuracy", columns, rows, caption)
+    console.print(f"accuracy: table {out_dir / 'accuracy.md'}, plot {out_dir / 'accuracy.png'}")
+    if failed:
+        names = ", ".join(Path(r["run_dir"]).name for r in failed)
+        raise SystemExit(f"bench accuracy: {len(failed)} run(s) failed: {names}; rerun the command to retry")
+    return table
+
+
+__all__ = ["AccuracySettings", "default_variants", "parse_spec", "run"]
