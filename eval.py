@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from segattn.config import register_resolvers
 from segattn.data.errors import DataError
-from segattn.evaluation import run
+from segattn.evaluation.command import run
 
 register_resolvers()
 

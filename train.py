@@ -4,7 +4,7 @@ import hydra
 from omegaconf import DictConfig
 
 from segattn.config import register_resolvers
-from segattn.train import run
+from segattn.training.run import run
 
 register_resolvers()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .inference import MODES
+from .inference.infer import MODES
 
 
 def repo_root() -> str:

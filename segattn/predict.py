@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from .cpu_memory import reuse_freed_memory
-from .io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
-from .onnx_infer import is_onnx
+from .inference.image_io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
+from .inference.onnx import is_onnx
 
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
 
@@ -48,7 +48,7 @@ def pair(values: tuple, key: str) -> tuple[int, int] | None:
 
 def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
     """An onnxruntime session and numpy slide/flip inference; multi-scale TTA needs the torch path."""
-    from .onnx_infer import OnnxSegmentor, infer_numpy
+    from .inference.onnx import OnnxSegmentor, infer_numpy
 
     if tuple(args["scales"]) != (1.0,):
         raise SystemExit(
@@ -75,8 +75,8 @@ def torch_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[s
     """``segattn.load_model`` + ``segattn.inference.infer`` under inference mode on the CPU."""
     import torch
 
-    from .inference import infer
-    from .loading import load_model
+    from .checkpoints.loading import load_model
+    from .inference.infer import infer
 
     if args["threads"]:
         torch.set_num_threads(args["threads"])

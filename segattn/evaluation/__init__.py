@@ -1,5 +1,2 @@
-"""Evaluation: score a trained or exported model on a dataset split (``python eval.py``)."""
-
-from .command import run
-
-__all__ = ["run"]
+"""Evaluation: the segmentation metrics (shared with training's validation and test) and the eval.py
+command (``command.run``) that scores a trained or exported model on a dataset split."""

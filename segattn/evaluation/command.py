@@ -22,8 +22,8 @@ from ..config import check_validation, repo_root
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.errors import DataError
-from ..metrics import SegmentationMetric
 from . import report
+from .metrics import SegmentationMetric
 from .predictors import load_predictor
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..inference import infer
-from ..loading import load_model
-from ..onnx_infer import is_onnx
+from ..checkpoints.loading import load_model
+from ..inference.infer import infer
+from ..inference.onnx import is_onnx
 
 Predictor = Callable[[Tensor], Tensor]
 
@@ -32,7 +32,7 @@ def torch_predictor(path: Path, inference: dict[str, Any]) -> tuple[Predictor, d
 
 
 def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple[Predictor, dict[str, Any]]:
-    from ..onnx_infer import OnnxSegmentor, infer_numpy
+    from ..inference.onnx import OnnxSegmentor, infer_numpy
 
     if list(inference.get("scales") or [1.0]) != [1.0]:
         raise ValueError(

@@ -13,7 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ..metrics import PER_CLASS_KEYS, SUMMARY_KEYS
+from .metrics import PER_CLASS_KEYS, SUMMARY_KEYS
 
 
 def finite_or_none(value: float) -> float | None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from segattn.evaluation.metrics import SegmentationMetric
 from segattn.evaluation.report import scores_record, write_json, write_per_class_csv
-from segattn.metrics import SegmentationMetric
 
 IGN = 255
 CLASSES = ["road", "car", "sky", "tree"]

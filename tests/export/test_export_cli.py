@@ -15,8 +15,8 @@ from export_fixtures import tiny_info, tiny_model
 from PIL import Image
 
 from segattn.attention import ATTENTION_REGISTRY, AttentionBase, attention_class
-from segattn.export import main
-from segattn.loading import save_exported
+from segattn.checkpoints.loading import save_exported
+from segattn.export.command import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from segattn.inference import infer
-from segattn.tiling import slide_windows, window_starts
+from segattn.inference.infer import infer
+from segattn.inference.tiling import slide_windows, window_starts
 
 
 class Recorder(nn.Module):

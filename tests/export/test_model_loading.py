@@ -10,7 +10,7 @@ import yaml
 from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model
 
 import segattn
-from segattn.loading import save_exported
+from segattn.checkpoints.loading import save_exported
 
 
 def write_checkpoint(path, model, **overrides):

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from segattn.io import default_palette, find_images, normalize, overlay, parse_cli, read_rgb, save_mask
+from segattn.inference.image_io import (
+    default_palette,
+    find_images,
+    normalize,
+    overlay,
+    parse_cli,
+    read_rgb,
+    save_mask,
+)
 
 
 def test_default_palette_is_the_pascal_voc_palette():

@@ -38,7 +38,7 @@ TINY = [*BASE, *VIT]
 
 
 def compose_run(tmp_path: Path, *overrides: str, run: str = "run") -> DictConfig:
-    """The config ``python train.py <overrides>`` passes to ``segattn.train.run``, writing to tmp_path/run."""
+    """The config ``python train.py <overrides>`` gives ``segattn.training.run``, writing to tmp_path/run."""
     paths = [f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / run}", "hydra/job_logging=none"]
     return compose_config([*paths, *overrides])
 
@@ -55,7 +55,11 @@ def train_command(tmp_path: Path, *overrides: str, run: str = "run") -> list[str
 
 
 def train_env() -> dict[str, str]:
-    return {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"}
+    """A training job's environment: offline W&B with its own wandb-core service. WANDB_SERVICE is dropped:
+    an earlier in-process W&B test exports it, and a child inheriting it would share pytest's service,
+    where a SIGKILLed run's id stays registered and its resume is refused as "run ID is in use"."""
+    env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
+    return env | {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"}
 
 
 def run_train(

@@ -13,14 +13,14 @@ import pytest
 import torch
 from reliability_fixtures import TINY, compose_run
 
-from segattn.atomic import AtomicCheckpointIO, atomic_save, temp_files
-from segattn.train import build_trainer, run
+from segattn.checkpoints.atomic import AtomicCheckpointIO, atomic_save, temp_files
+from segattn.training.run import build_trainer, run
 
 # A child that overwrites ckpt with new tensors through atomic_save, but whose serializer writes half the
 # bytes, signals the test, and stalls: the test kills it there with SIGKILL.
 HALF_WRITTEN_SAVE = """
 import io, sys, time, pathlib, torch
-from segattn.atomic import atomic_save
+from segattn.checkpoints.atomic import atomic_save
 path, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 real_save = torch.save
 def half_then_stall(obj, handle):

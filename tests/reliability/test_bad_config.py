@@ -8,10 +8,10 @@ import torch
 from hydra.errors import MissingConfigException
 from reliability_fixtures import BASE, UNET, VIT, compose_run
 
-from segattn import train
 from segattn.attention import AttentionBase
 from segattn.models import build_model
-from segattn.validation import attention_grid
+from segattn.training import run as train
+from segattn.training.preflight import attention_grid
 
 PVT = ["model=pvt", "model.embed_dims=[16,16,32,32]", "model.depths=[1,1,1,1]", "model.num_heads=[1,1,2,2]"]
 LINFORMER = ["attention=linformer", "attention.options.proj_len=4"]

@@ -12,8 +12,8 @@ from PIL import Image
 from reliability_fixtures import RUN, VIT, compose_run, run_train
 from test_data_doctor import PROBLEMS, corrupt_image, empty_split
 
-from segattn import train
 from segattn.data import DataError
+from segattn.training import run as train
 
 FOLDER = [
     "data=folder",

@@ -15,9 +15,9 @@ from reliability_fixtures import BASE, VIT, compose_run
 
 from segattn.attention import attention_options, available_attention, build_attention
 from segattn.data import SegDataModule
-from segattn.guards import NonFiniteGuard
 from segattn.models import build_model
-from segattn.train import build_module, plain
+from segattn.training.guards import NonFiniteGuard
+from segattn.training.run import build_module, plain
 
 GRID = (128, 128)  # 16,384 tokens
 MAGNITUDE = 100.0  # inputs ~ N(0, 100²): q·kᵀ logits in the thousands, exp() far beyond fp16's 65504

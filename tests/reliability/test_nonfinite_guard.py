@@ -12,8 +12,8 @@ import pytorch_lightning as pl
 import torch
 from reliability_fixtures import BASE, UNET, VIT, compose_run
 
-from segattn.guards import NonFiniteError
-from segattn.train import CALLBACKS, run
+from segattn.training.guards import NonFiniteError
+from segattn.training.run import CALLBACKS, run
 
 
 class Poison(pl.Callback):

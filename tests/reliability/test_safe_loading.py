@@ -13,10 +13,11 @@ import torch
 import yaml
 from reliability_fixtures import BASE, VIT, compose_run
 
-from segattn import load_model, train
-from segattn.atomic import AtomicCheckpointIO
-from segattn.checkpoint import load_weights, read_checkpoint
+from segattn import load_model
+from segattn.checkpoints.atomic import AtomicCheckpointIO
+from segattn.checkpoints.resume import load_weights, read_checkpoint
 from segattn.models import build_model
+from segattn.training import run as train
 
 TINY_VIT = {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8, "head_channels": 8}
 

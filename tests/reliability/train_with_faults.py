@@ -1,6 +1,6 @@
 """``python train.py`` with test-only fault callbacks added to the callbacks registry, so subprocess tests
 can plant faults through config overrides (``+callbacks.raise_at_step.rank=1``). Production code has no
-test hooks: this script extends ``segattn.train.CALLBACKS`` and then runs train.py as ``__main__``; DDP
+test hooks: this script extends ``segattn.training.run.CALLBACKS`` and then runs train.py as ``__main__``; DDP
 child processes re-run this script, so they get the same callbacks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from segattn.train import CALLBACKS
+from segattn.training.run import CALLBACKS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 from train_overrides import QUIET, REPO
 
-from segattn.train import run
+from segattn.training.run import run
 
 CAMVID = REPO.parent / "shared" / "data" / "camvid"
 pytestmark = [

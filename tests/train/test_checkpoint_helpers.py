@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from segattn.checkpoint import (
+from segattn.checkpoints.resume import (
     find_last_checkpoint,
     load_weights,
     read_checkpoint,

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
 import segattn
-from segattn.train import CALLBACKS, run
+from segattn.training.run import CALLBACKS, run
 
 
 class KeepModule(pl.Callback):

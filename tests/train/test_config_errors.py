@@ -4,7 +4,7 @@ import pytest
 from train_overrides import compose_config
 
 from segattn.config import check_config
-from segattn.train import CALLBACKS, build_from_registry, build_strategy
+from segattn.training.run import CALLBACKS, build_from_registry, build_strategy
 
 
 def test_resume_and_init_from_together_are_refused(tmp_path):

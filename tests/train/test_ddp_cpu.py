@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from train_overrides import REPO, TINY_DATA, TINY_MODEL
 
 from segattn.data import SegDataModule
-from segattn.inference import infer
-from segattn.metrics import SegmentationMetric
+from segattn.evaluation.metrics import SegmentationMetric
+from segattn.inference.infer import infer
 from segattn.models import build_model
 
 pytestmark = pytest.mark.slow

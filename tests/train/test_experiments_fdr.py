@@ -7,7 +7,7 @@ import math
 import pytest
 from train_overrides import CONF, QUIET, TINY_DATA, TINY_MODEL
 
-from segattn.train import run
+from segattn.training.run import run
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # Recipes target GPUs; here they run on the CPU in fp32 with pretrained weights off (no network).

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from segattn.losses import SegLoss, cross_entropy, dice_loss, lovasz_softmax
+from segattn.training.losses import SegLoss, cross_entropy, dice_loss, lovasz_softmax
 
 IGN = 255
 

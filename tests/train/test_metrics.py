@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from segattn.metrics import SegmentationMetric
+from segattn.evaluation.metrics import SegmentationMetric
 
 IGN = 255
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from segattn.optim import build_optimizer, build_scheduler
+from segattn.training.optim import build_optimizer, build_scheduler
 
 LR = 0.1
 

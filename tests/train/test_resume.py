@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
-from segattn.train import CALLBACKS, run
+from segattn.training.run import CALLBACKS, run
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import wandb
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 from wandb_records import wait_for_record
 
-from segattn.train import CALLBACKS, run
+from segattn.training.run import CALLBACKS, run
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from .attention import AttentionBase
-from .data import SegDataModule
-from .data.transforms import as_hw
-from .models import Segmentor
-from .tiling import scaled_size
+from ..attention import AttentionBase
+from ..data import SegDataModule
+from ..data.transforms import as_hw
+from ..inference.tiling import scaled_size
+from ..models import Segmentor
 
 
 def attention_grid(model: Segmentor, size: Sequence[int]) -> tuple[int, int]:

@@ -13,9 +13,9 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from .checkpoint import restore_rng_state, rng_state
-from .inference import infer
-from .metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
+from ..checkpoints.resume import restore_rng_state, rng_state
+from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
+from ..inference.infer import infer
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
 SchedulerFactory = Callable[[Optimizer, int], LRScheduler]

@@ -17,7 +17,7 @@ import torch
 import yaml
 from torch import nn
 
-from .io import default_palette, read_classes, write_classes
+from ..inference.image_io import default_palette, read_classes, write_classes
 
 MODEL_FILE = "model.yaml"
 WEIGHTS_FILE = "model.safetensors"
@@ -52,7 +52,7 @@ def check_plain_config(value: Any, source: str, where: str = "model") -> None:
 
 def rebuild(config: dict[str, Any], source: str) -> nn.Module:
     """``build_model(**config)`` after ``check_plain_config``; errors name ``source``."""
-    from .models import build_model
+    from ..models import build_model
 
     if not isinstance(config, dict) or not isinstance(config.get("name"), str):
         raise ValueError(f"{source}: model config must be a mapping with a registry 'name'; got {config!r}")

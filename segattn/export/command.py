@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import attention_class
-from .io import parse_cli
-from .loading import WEIGHTS_FILE, load_exported, load_model, save_exported, write_metadata
-from .onnx_infer import METADATA_KEY, ONNX_FILE
+from ..attention import attention_class
+from ..checkpoints.loading import WEIGHTS_FILE, load_exported, load_model, save_exported, write_metadata
+from ..inference.image_io import parse_cli
+from ..inference.onnx import METADATA_KEY, ONNX_FILE
 
 FORMATS = ("onnx", "torchscript", "safetensors")
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -385,7 +385,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"exported {report['format']} to {args['out']} in {time.perf_counter() - start:.1f} s")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,21 +20,21 @@ from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
 from pytorch_lightning.utilities import rank_zero_info
 
-from .atomic import AtomicCheckpointIO
+from ..checkpoints.atomic import AtomicCheckpointIO
+from ..checkpoints.last import ResumableModelCheckpoint
+from ..checkpoints.resume import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
+from ..config import check_config
+from ..cpu_memory import reuse_freed_memory
+from ..data import SegDataModule
+from ..data.errors import DataError
+from ..models import build_model
 from .callbacks import WandbValidationPanel
-from .checkpoint import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
-from .config import check_config
-from .cpu_memory import reuse_freed_memory
-from .data import SegDataModule
-from .data.errors import DataError
 from .guards import NonFiniteGuard
-from .last_checkpoint import ResumableModelCheckpoint
 from .losses import SegLoss
-from .models import build_model
 from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
+from .preflight import preflight
 from .summary import print_summary, summarize
-from .validation import preflight
 
 CALLBACKS: dict[str, type[pl.Callback]] = {
     "model_checkpoint": ResumableModelCheckpoint,  # last.ckpt after every epoch, also without improvement

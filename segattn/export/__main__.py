@@ -1,0 +1,5 @@
+"""``python -m segattn.export``."""
+
+from .command import main
+
+raise SystemExit(main())
