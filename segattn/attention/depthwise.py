@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .fused import use_fused
+from .fused_switch import use_fused
 
 
 def dense_channels_last(images: Tensor) -> Tensor:
@@ -22,14 +22,15 @@ def dense_channels_last(images: Tensor) -> Tensor:
 def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
     """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
     weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
-    eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward; oneDNN's own 3×3 depthwise
-    backward is 2-4× faster than that one (Mix-FFN's shapes in pvt-b0 at 1024²), its 5×5 one 1.5-4× slower."""
+    eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward (unless ``use_fused()`` is False:
+    SEGATTN_FUSED=0); oneDNN's own 3×3 depthwise backward is 2-4× faster than that one (Mix-FFN's shapes in
+    pvt-b0 at 1024²), its 5×5 one 1.5-4× slower."""
     kernel = conv.weight.shape[-1]
     if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
         raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
     if use_fused() and images.device.type == "cpu" and kernel > 3:
-        return DepthwiseConv.apply(images, weight, conv.bias)
+        return depthwise_conv_fused(images, weight=weight, bias=conv.bias)
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups
     )
@@ -85,3 +86,10 @@ class DepthwiseConv(torch.autograd.Function):
             if bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = grad.sum(dim=(0, 2, 3)).to(bias_dtype)
         return grad_images, grad_weight, grad_bias
+
+
+def depthwise_conv_fused(images: Tensor, *, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """conv2d(images, weight, bias, padding=k // 2, groups=C) for [B, C, H, W] ``images`` and a depthwise
+    [C, 1, k, k] ``weight`` (odd k), as one autograd node whose backward is made of forward convolutions
+    (``DepthwiseConv``); channels-last result, in the autocast dtype under autocast."""
+    return DepthwiseConv.apply(images, weight, bias)

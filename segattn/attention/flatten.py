@@ -9,7 +9,8 @@ from torch import Tensor, nn
 from .base import HW, AttentionBase
 from .depthwise import depthwise_conv
 from .functional import focused_feature_map, focused_linear_attention
-from .fused import FocusedAttention, use_fused
+from .fused_focus import focused_attention_fused
+from .fused_switch import use_fused
 
 
 class FocusedLinearAttention(AttentionBase):
@@ -48,8 +49,15 @@ class FocusedLinearAttention(AttentionBase):
     def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
         local = self.local_context(v, hw)  # [B, h, N, d]
         if use_fused():  # one autograd node; the focused maps are recomputed in backward
-            return FocusedAttention.apply(
-                q, k, v, local, self.scale, self.focusing_factor, self.eps, self.num_heads
+            return focused_attention_fused(
+                q,
+                k,
+                v,
+                local=local,
+                scale=self.scale,
+                power=self.focusing_factor,
+                eps=self.eps,
+                heads=self.num_heads,
             )
         q, k = self.split_heads(self.focus(q)), self.split_heads(self.focus(k))
         return self.merge_heads(focused_linear_attention(q, k, self.split_heads(v), self.eps) + local)

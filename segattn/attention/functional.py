@@ -5,9 +5,10 @@ and then apply the queries. Feature maps, the kᵀv product and the normaliser r
 bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the dtype of ``v``.
 Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
 
-Each linear function has a fast path (``fused.py``: autograd Functions that write fewer intermediates and
-recompute feature maps in backward) taken in eager mode; while tracing, exporting or compiling, the plain
-code below runs instead, so exporters and compilers see ordinary ops.
+Each linear function has a fast path (``fused_kernel.py``: an autograd Function that writes fewer
+intermediates and recomputes feature maps in backward) taken in eager mode; while tracing, exporting or
+compiling, and with SEGATTN_FUSED=0 (``fused_switch.use_fused``), the plain code below runs instead, so
+exporters and compilers see ordinary ops.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import fused
+from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
+from .fused_kernel import kernel_attention_fused
+from .fused_switch import use_fused
 
 __all__ = [
     "efficient_attention",
@@ -70,13 +73,13 @@ def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "s
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
-    if not fused.use_fused():
+    if not use_fused():
         return _efficient_attention(q, k, v, normalization)
     if normalization == "softmax":
-        phi_q, phi_k = fused.Softmax(-1), fused.Softmax(-2)
+        phi_q, phi_k = Softmax(-1), Softmax(-2)
     else:
-        phi_q = phi_k = fused.Scale(k.shape[-2] ** -0.5)
-    return fused.KernelAttention.apply(q, k, v, phi_q, phi_k, 1.0, 0.0, False, False)
+        phi_q = phi_k = Scale(k.shape[-2] ** -0.5)
+    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
 
 
 @full_precision
@@ -103,10 +106,10 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", 
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
-    if not fused.use_fused():
+    if not use_fused():
         return _linear_attention(q, k, v, feature_map, eps)
-    phi = fused.EluPlusOne() if feature_map == "elu" else fused.Relu()
-    return fused.KernelAttention.apply(q, k, v, phi, phi, 1.0, eps, True, False)
+    phi = EluPlusOne() if feature_map == "elu" else Relu()
+    return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
 
 
 @full_precision
@@ -123,10 +126,10 @@ def taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tens
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
-    if not fused.use_fused():
+    if not use_fused():
         return _taylor_attention(q, k, v, eps)
-    phi = fused.L2Normalize(eps)
-    return fused.KernelAttention.apply(q, k, v, phi, phi, 1.0, eps, True, True)
+    phi = L2Normalize(eps)
+    return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps, taylor_term=True)
 
 
 @full_precision
@@ -159,10 +162,12 @@ def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6)
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
-    if not fused.use_fused():
+    if not use_fused():
         return _focused_linear_attention(q, k, v, eps)
-    identity = fused.Scale(1.0)
-    return fused.KernelAttention.apply(q, k, v, identity, identity, 1.0 / k.shape[-2], eps, True, False)
+    identity = Scale(1.0)
+    return kernel_attention_fused(
+        q, k, v, phi_q=identity, phi_k=identity, context_scale=1.0 / k.shape[-2], eps=eps
+    )
 
 
 @full_precision

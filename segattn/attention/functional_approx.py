@@ -11,8 +11,10 @@ import math
 import torch
 from torch import Tensor
 
-from . import fused
 from .functional import full_precision, kernel_attention, softmax_attention
+from .fused_kernel import kernel_attention_fused
+from .fused_random_features import PositiveRandomFeatures
+from .fused_switch import use_fused
 
 __all__ = [
     "iterative_pinv",
@@ -55,12 +57,12 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
 def performer_attention(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, eps: float = 1e-6) -> Tensor:
     """FAVOR+ (Choromanski et al. 2020): kernel attention with positive random features of the softmax
     kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d] (a constant)."""
-    if not fused.use_fused():
+    if not use_fused():
         return _performer_attention(q, k, v, projection, eps)
     scale = q.shape[-1] ** -0.25
-    phi_q = fused.PositiveRandomFeatures(projection, scale, per_row=True)
-    phi_k = fused.PositiveRandomFeatures(projection, scale, per_row=False)
-    return fused.KernelAttention.apply(q, k, v, phi_q, phi_k, 1.0, eps, True, False)
+    phi_q = PositiveRandomFeatures(projection, scale, per_row=True)
+    phi_k = PositiveRandomFeatures(projection, scale, per_row=False)
+    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, eps=eps)
 
 
 @full_precision

@@ -1,0 +1,39 @@
+"""The one switch between the fused autograd Functions and the plain autograd formulas they optimise.
+
+Every fast path of the package (``fused_kernel``, ``fused_focus``, ``depthwise``) runs only where
+``use_fused()`` says so; otherwise the caller takes its plain formula (``functional.py``,
+``functional_approx.py``, FLatten's module code, ``F.conv2d``): same values within float rounding, ordinary
+autograd. ``SEGATTN_FUSED=0`` in the environment selects the plain formulas everywhere, to rule the
+hand-written backward passes in or out when a result looks wrong, or to time them against autograd.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": fused Functions (default)
+
+
+def use_fused() -> bool:
+    """Whether to take the fused Functions: False while tracing, scripting, exporting or compiling (those
+    see the plain ops) and with SEGATTN_FUSED=0; True otherwise.
+
+    The variable is read on every call, not at import, so a test or a benchmark can flip it within one
+    process; the lookup costs about a microsecond per attention call. Values other than "", "0" and "1"
+    are a ValueError, so a misspelt "false" does not silently leave the fused path on.
+    """
+    if (
+        torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch.onnx.is_in_onnx_export()
+        or torch.compiler.is_compiling()
+    ):
+        return False  # checked first: compiled code never reads the environment
+    value = os.environ.get(FUSED_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{FUSED_ENV}={value!r}; expected 0 (plain autograd formulas) or 1 (fused Functions, the default)"
+        )
+    return value != "0"

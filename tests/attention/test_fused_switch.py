@@ -1,0 +1,159 @@
+"""SEGATTN_FUSED=0 takes every variant off its fused autograd Functions and onto the plain formulas, with the
+same outputs and gradients (fp32, float tolerance); by default the fused Functions run.
+
+``use_fused()`` reads the variable on every call, so ``monkeypatch.setenv`` applies to the next forward
+without a reload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from attention_reference import all_variants, build_for_tokens, parametrize_variants
+from torch import Tensor
+
+from segattn.attention.depthwise import DepthwiseConv
+from segattn.attention.fused_focus import FocusedAttention
+from segattn.attention.fused_kernel import KernelAttention
+from segattn.attention.fused_switch import FUSED_ENV, use_fused
+
+FUNCTIONS: list[type[torch.autograd.Function]] = [KernelAttention, FocusedAttention, DepthwiseConv]
+# Variants with a fused path and the Functions it runs on CPU in eager mode; every other registered variant
+# runs none (checked below, so a new fused path must be listed here).
+FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function]]]] = [
+    ("efficient", {"normalization": "softmax"}, {KernelAttention}),
+    ("efficient", {"normalization": "scale"}, {KernelAttention}),
+    ("linear", {"feature_map": "elu"}, {KernelAttention}),
+    ("linear", {"feature_map": "relu"}, {KernelAttention}),
+    ("taylor", {}, {KernelAttention}),
+    ("flatten", {}, {FocusedAttention, DepthwiseConv}),  # its DWC is 5×5: DepthwiseConv's backward
+    ("performer", {}, {KernelAttention}),
+    ("nystrom", {"conv_kernel": 5}, {DepthwiseConv}),  # the V conv over 3×3 takes DepthwiseConv
+]
+FUSED = parametrize_variants([(name, options) for name, options, _ in FUSED_VARIANTS])
+BATCH, HW, DIM, HEADS = 2, (8, 8), 32, 2
+TOKENS = HW[0] * HW[1]
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # fp32: the fused and plain paths sum in different orders
+
+
+def expected_functions(name: str, options: dict[str, Any]) -> set[type[torch.autograd.Function]]:
+    return next((functions for n, o, functions in FUSED_VARIANTS if (n, o) == (name, options)), set())
+
+
+def build(name: str, options: dict[str, Any]) -> torch.nn.Module:
+    """The variant in eval mode (no Performer redraw between runs) with every parameter moved off its
+    initial value (FLatten's ``scale`` starts at 0), seeded."""
+    torch.manual_seed(0)
+    module = build_for_tokens(name, options, DIM, HEADS, TOKENS).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return module
+
+
+def forward_and_gradients(module: torch.nn.Module) -> tuple[Tensor, list[Tensor]]:
+    """The module's forward (its steps spelt out; dropout is 0) and the gradients of a fixed random loss
+    w.r.t. x, the mixing step's q, k, v (strided chunks of one [B, N, 3C] tensor) and every parameter."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH, TOKENS, DIM, generator=generator).requires_grad_()
+    q, k, v = module.project(x, HW)
+    out = module.proj(module.mix_tokens(q, k, v, HW))
+    upstream = torch.randn(out.shape, generator=generator)
+    inputs = [x, q, k, v, *module.parameters()]
+    grads = torch.autograd.grad((out * upstream).sum(), inputs, allow_unused=True)
+    return out.detach(), [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads, strict=True)]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[type[torch.autograd.Function]]:
+    """Every fused Function's ``apply``, recorded; the original still runs."""
+    recorded: list[type[torch.autograd.Function]] = []
+    for function in FUNCTIONS:
+
+        def record(*args: Any, _function: Any = function, _apply: Any = function.apply) -> Any:
+            recorded.append(_function)
+            return _apply(*args)
+
+        monkeypatch.setattr(function, "apply", record)
+    return recorded
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, True), ("", True), ("1", True), ("0", False)])
+def test_use_fused_follows_the_variable_at_each_call(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv(FUSED_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FUSED_ENV, value)
+    assert use_fused() is expected
+
+
+def test_use_fused_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FUSED_ENV, "false")
+    with pytest.raises(ValueError, match=r"SEGATTN_FUSED='false'; expected 0 .* or 1"):
+        use_fused()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+def test_tracing_takes_the_plain_path_even_when_fused_is_requested(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FUSED_ENV, "1")
+    seen: list[bool] = []
+
+    def probe(x: Tensor) -> Tensor:
+        seen.append(use_fused())
+        return x + 1
+
+    torch.jit.trace(probe, torch.zeros(2), check_trace=False)
+    assert seen == [False]
+
+
+@FUSED
+def test_fused_off_gives_the_default_outputs_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any], calls: list[type]
+) -> None:
+    module = build(name, options)
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    fused_out, fused_grads = forward_and_gradients(module)
+    assert set(calls) == expected_functions(name, options)  # the default really ran the fused path
+    monkeypatch.setenv(FUSED_ENV, "0")
+    plain_out, plain_grads = forward_and_gradients(module)
+    assert set(calls) == expected_functions(name, options)  # and the plain run added none
+
+    torch.testing.assert_close(plain_out, fused_out, **TOLERANCE)
+    labels = ["x", "q", "k", "v", *(label for label, _ in module.named_parameters())]
+    for label, plain, fused in zip(labels, plain_grads, fused_grads, strict=True):
+        torch.testing.assert_close(
+            plain, fused, **TOLERANCE, msg=lambda text, label=label: f"∂{label}: {text}"
+        )
+
+
+@FUSED
+def test_fused_off_never_calls_a_fused_function(
+    monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any]
+) -> None:
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a fused Function ran with SEGATTN_FUSED=0")
+
+    for function in FUNCTIONS:
+        monkeypatch.setattr(function, "apply", refuse)
+    monkeypatch.setenv(FUSED_ENV, "0")
+    out, grads = forward_and_gradients(build(name, options))
+    assert out.isfinite().all() and all(grad.isfinite().all() for grad in grads)
+
+
+@parametrize_variants(
+    [
+        (name, options)
+        for name, options in all_variants()
+        if not any((name, options) == (n, o) for n, o, _ in FUSED_VARIANTS)
+    ]
+)
+def test_variants_not_listed_run_no_fused_function(
+    monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any], calls: list[type]
+) -> None:
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    forward_and_gradients(build(name, options))
+    assert calls == []
