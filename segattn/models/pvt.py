@@ -9,7 +9,8 @@ are one ``attn.qkv`` here (rows [0:C] and [C:3C]); ``convert_state_dict`` concat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import torch
 from timm.models.pvt_v2 import checkpoint_filter_fn
@@ -19,6 +20,7 @@ from segattn.attention.base import from_grid, to_grid
 
 from .blocks import AttentionSpec, Block, LayerNorm, MixFFN, drop_path_rates, init_weights
 from .encoder import Encoder
+from .options import PVTOptions
 
 _WIDE = (64, 128, 320, 512)
 PVT_SIZES: dict[str, dict[str, tuple]] = {  # PVTv2 b0–b5 (Wang et al. 2021, arXiv 2106.13797)
@@ -173,21 +175,21 @@ class PyramidVisionTransformer(Encoder):
 
 
 def create_pvt(
-    attn_layer: AttentionSpec,
-    size: str = "b0",
-    embed_dims: list[int] | None = None,
-    depths: list[int] | None = None,
-    num_heads: list[int] | None = None,
-    mlp_ratios: list[float] | None = None,
-    sr_ratios: Sequence[int] = (8, 4, 2, 1),
-    drop_path_rate: float = 0.0,
+    attn_layer: AttentionSpec, options: PVTOptions | None = None, **overrides: Any
 ) -> PyramidVisionTransformer:
-    """A PVTv2 of a named ``size`` (b0–b5); any per-stage list given overrides the size's."""
-    if size not in PVT_SIZES:
-        raise ValueError(f"pvt: size={size!r}; expected one of {sorted(PVT_SIZES)}")
-    overrides = {"embed_dims": embed_dims, "depths": depths, "num_heads": num_heads, "mlp_ratios": mlp_ratios}
-    dims = {**PVT_SIZES[size], "num_heads": PVT_NUM_HEADS}
-    dims.update({k: tuple(v) for k, v in overrides.items() if v is not None})
+    """A PVTv2 from ``options`` (``PVTOptions``, defaults if None) with any field replaced by ``overrides``:
+    a named ``size`` (b0–b5) whose per-stage lists any list given overrides."""
+    o = replace(options or PVTOptions(), **overrides)
+    if o.size not in PVT_SIZES:
+        raise ValueError(f"pvt: size={o.size!r}; expected one of {sorted(PVT_SIZES)}")
+    overridden = {
+        "embed_dims": o.embed_dims,
+        "depths": o.depths,
+        "num_heads": o.num_heads,
+        "mlp_ratios": o.mlp_ratios,
+    }
+    dims = {**PVT_SIZES[o.size], "num_heads": PVT_NUM_HEADS}
+    dims.update({k: tuple(v) for k, v in overridden.items() if v is not None})
     return PyramidVisionTransformer(
-        attn_layer, sr_ratios=tuple(sr_ratios), drop_path_rate=drop_path_rate, **dims
+        attn_layer, sr_ratios=tuple(o.sr_ratios), drop_path_rate=o.drop_path_rate, **dims
     )

@@ -7,6 +7,9 @@ fused with the encoder's skip connection.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import timm
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,7 @@ from segattn.attention.base import from_grid, to_grid
 
 from .blocks import AttentionSpec, Block, MixFFN
 from .encoder import Encoder
+from .options import UNetOptions
 
 UNET_ENCODERS = (
     "resnet18",
@@ -76,9 +80,10 @@ class TimmCNNEncoder(Encoder):
         return out
 
 
-def create_unet_encoder(encoder: str = "resnet18") -> TimmCNNEncoder:
-    """The UNet family's encoder: any timm CNN name (resnet18/34/50, convnext_tiny, ...)."""
-    return TimmCNNEncoder(encoder)
+def create_unet_encoder(options: UNetOptions | None = None, **overrides: Any) -> TimmCNNEncoder:
+    """The UNet family's encoder from ``options`` (``UNetOptions``, defaults if None) with any field
+    replaced by ``overrides``: any timm CNN name (resnet18/34/50, convnext_tiny, ...)."""
+    return TimmCNNEncoder(replace(options or UNetOptions(), **overrides).encoder)
 
 
 class UNetDecoder(nn.Module):

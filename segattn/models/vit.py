@@ -10,6 +10,8 @@ attention sees lies on the H×W patch grid (as in SAM and ViTDet), because the z
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any
 
 import torch
 from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
@@ -19,6 +21,7 @@ from segattn.attention.base import HW, to_grid
 
 from .blocks import AttentionSpec, Block, LayerNorm, TokenMlp, drop_path_rates, init_weights
 from .encoder import Encoder
+from .options import ViTOptions
 
 VIT_SIZES: dict[str, dict[str, int]] = {  # DeiT / ViT widths
     "tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3},
@@ -144,30 +147,22 @@ class VisionTransformer(Encoder):
 
 
 def create_vit(
-    attn_layer: AttentionSpec,
-    size: str = "tiny",
-    embed_dim: int | None = None,
-    depth: int | None = None,
-    num_heads: int | None = None,
-    patch_size: int = 16,
-    img_size: int = 224,
-    mlp_ratio: float = 4.0,
-    drop_path_rate: float = 0.0,
-    init_values: float | None = None,
-    out_indices: list[int] | None = None,
+    attn_layer: AttentionSpec, options: ViTOptions | None = None, **overrides: Any
 ) -> VisionTransformer:
-    """A ViT of a named ``size`` (tiny/small/base/large); ``embed_dim``, ``depth``, ``num_heads`` override."""
-    if size not in VIT_SIZES:
-        raise ValueError(f"vit: size={size!r}; expected one of {sorted(VIT_SIZES)}")
-    overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
-    dims = {**VIT_SIZES[size], **{k: v for k, v in overrides.items() if v is not None}}
+    """A ViT from ``options`` (``ViTOptions``, defaults if None) with any field replaced by ``overrides``:
+    a named ``size`` (tiny/small/base/large) whose ``embed_dim``, ``depth``, ``num_heads`` given override."""
+    o = replace(options or ViTOptions(), **overrides)
+    if o.size not in VIT_SIZES:
+        raise ValueError(f"vit: size={o.size!r}; expected one of {sorted(VIT_SIZES)}")
+    overridden = {"embed_dim": o.embed_dim, "depth": o.depth, "num_heads": o.num_heads}
+    dims = {**VIT_SIZES[o.size], **{k: v for k, v in overridden.items() if v is not None}}
     return VisionTransformer(
         attn_layer,
-        img_size=img_size,
-        patch_size=patch_size,
-        mlp_ratio=mlp_ratio,
-        drop_path_rate=drop_path_rate,
-        init_values=init_values,
-        out_indices=out_indices,
+        img_size=o.img_size,
+        patch_size=o.patch_size,
+        mlp_ratio=o.mlp_ratio,
+        drop_path_rate=o.drop_path_rate,
+        init_values=o.init_values,
+        out_indices=o.out_indices,
         **dims,
     )

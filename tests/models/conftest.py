@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from segattn.attention import attention_options
-from segattn.models import Segmentor, build_model
+from segattn.models import MODEL_FAMILIES, Segmentor, build_model
 
 TINY_FAMILY_OPTIONS = {
     "vit": {"embed_dim": 32, "depth": 2, "num_heads": 2, "head_channels": 16},
@@ -26,6 +26,13 @@ TINY_ATTENTION_OPTIONS = {"max_tokens": 2048, "proj_len": 16, "num_landmarks": 1
 
 
 @pytest.fixture
+def tiny_family_options() -> dict[str, dict]:
+    """``TINY_FAMILY_OPTIONS``, for tests that merge them into other options (a conftest is not importable
+    by name: each test folder has one)."""
+    return TINY_FAMILY_OPTIONS
+
+
+@pytest.fixture
 def build_tiny() -> Callable[..., Segmentor]:
     """``build_tiny(family, attention, **overrides)`` → a tiny Segmentor with 3 classes."""
 
@@ -33,6 +40,9 @@ def build_tiny() -> Callable[..., Segmentor]:
         accepted = attention_options(attention)
         options = {k: v for k, v in TINY_ATTENTION_OPTIONS.items() if k in accepted}
         family = {**TINY_FAMILY_OPTIONS[name], **overrides}
+        head = family.get("head") or MODEL_FAMILIES[name].default_head
+        if head == "linear" and not family.get("aux_head") and "head_channels" not in overrides:
+            del family["head_channels"]  # nothing has that width: build_model would warn that it is unused
         return build_model(name, num_classes=3, attention=attention, attention_options=options, **family)
 
     return build

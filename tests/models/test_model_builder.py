@@ -16,7 +16,7 @@ from segattn.models import available_heads, available_models, build_model
     [
         ({"name": "resnet"}, "unknown model 'resnet'; expected one of: pvt, unet, vit"),
         ({"name": "vit", "head": "fpn"}, "unknown head 'fpn'; expected one of: linear, mlp, pup, unet"),
-        ({"name": "vit", "depht": 2}, "model 'vit' has no option(s) ['depht']"),
+        ({"name": "vit", "depht": 2}, "model 'vit' with head 'linear' has no option 'depht'"),
         ({"name": "vit", "size": "huge"}, "vit: size='huge'; expected one of"),
         ({"name": "pvt", "size": "b9"}, "pvt: size='b9'; expected one of"),
         ({"name": "pvt", "depths": [1, 1]}, "pvt: depths=[1, 1] has 2 entries; expected one per stage"),

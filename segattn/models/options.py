@@ -1,0 +1,89 @@
+"""Every option ``build_model`` takes, declared once: common to all families, per family, per head.
+
+``conf/model/<family>.yaml`` sets these keys (plus ``compile``, which train.py takes out first: it says
+how to train, not what to build). ``build_model`` splits a call's options between the three schemas and
+refuses an option that none of them declares for the chosen family and head (``builder.parse_options``).
+A dataclass default is what an option left out means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    """Options of every family, whatever its head."""
+
+    num_classes: int
+    attention: str = "softmax"  # zoo variant of every attention block: encoder (vit, pvt), unet head
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    head: str | None = None  # linear | pup | mlp | unet; None: the family's default head
+    head_channels: int = 256  # hidden width of the pup / mlp / unet head and of the aux head (linear: none)
+    dropout: float = 0.1  # before the classifier of the head and of the aux head
+    aux_head: bool = False  # auxiliary FCN head on the second-deepest features
+    aux_weight: float = 0.4  # its loss weight (Segmentor.aux_weight; 0 without aux head)
+    pretrained: str | None = None  # timm name in the local HF cache or a .safetensors/.pth file
+    grad_checkpointing: bool = False
+    head_lr_mult: float = 1.0  # learning-rate multiplier of head and aux head (Segmentor.param_groups)
+    layer_decay: float | None = None  # layer-wise learning-rate decay of the encoder
+
+
+# -- families: the encoder's options ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViTOptions:
+    """Plain ViT (``vit.create_vit``); ``embed_dim``, ``depth``, ``num_heads`` override the ``size``'s."""
+
+    size: str = "tiny"  # tiny | small | base | large (DeiT widths)
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    patch_size: int = 16
+    img_size: int = 224  # grid the position embedding is stored at; resampled to any input
+    mlp_ratio: float = 4.0
+    drop_path_rate: float = 0.0
+    init_values: float | None = None  # LayerScale init; None: off
+    out_indices: list[int] | None = None  # blocks that feed the head; None: 4 evenly spaced
+
+
+@dataclass(frozen=True)
+class PVTOptions:
+    """PVTv2 / SegFormer-MiT (``pvt.create_pvt``); a per-stage list given overrides the ``size``'s."""
+
+    size: str = "b0"  # b0 … b5
+    embed_dims: list[int] | None = None
+    depths: list[int] | None = None
+    num_heads: list[int] | None = None
+    mlp_ratios: list[float] | None = None
+    sr_ratios: Sequence[int] = (8, 4, 2, 1)  # spatial reduction of variants that take sr_ratio
+    drop_path_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class UNetOptions:
+    """UNet (``unet.create_unet_encoder``): a timm CNN with ``features_only``."""
+
+    encoder: str = "resnet18"  # resnet18 | resnet34 | resnet50 | convnext_tiny | any features_only CNN
+
+
+# -- heads: options only one head takes ----------------------------------------------------------------
+# A head's options are accepted by every family. Given to another head, None or the default is accepted
+# (a config may list them for every head) and anything else refused; None given to the head itself means
+# the default. head_channels and dropout are common: every head but linear has a hidden width, and both
+# also size the aux head.
+
+
+@dataclass(frozen=True)
+class NoHeadOptions:
+    """A head with no option of its own (linear, pup, mlp)."""
+
+
+@dataclass(frozen=True)
+class UNetHeadOptions:
+    """The UNet attention decoder (``unet.UNetDecoder``)."""
+
+    head_mlp_ratio: float = 2.0  # MixFFN hidden width / width after each decoder attention block
