@@ -1,22 +1,33 @@
-"""Config plumbing for train.py and eval.py: the ``repo_root`` resolver and the checks a config must
-pass before any training starts (builders check their own arguments; this covers what spans groups)."""
+"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` resolver, and the checks a
+config must pass before anything starts (builders check their own arguments; these span groups)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .inference.infer import MODES
+from .inference.tiling import MODES
+
+
+def source_checkout() -> Path | None:
+    """The repository this package runs from (an editable install or a checkout), if any."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "conf").is_dir() else None
+
+
+def config_dir() -> Path:
+    """``conf/``: the checkout's top-level folder, or the copy a non-editable install ships in the package."""
+    checkout = source_checkout()
+    return checkout / "conf" if checkout else Path(__file__).resolve().parent / "conf"
 
 
 def repo_root() -> str:
-    """The folder holding Hydra's primary ``conf/`` directory, so paths work from any working dir."""
-    for source in HydraConfig.get().runtime.config_sources:
-        if source.provider == "main" and source.schema == "file":
-            return str(Path(source.path).resolve().parent)
-    raise RuntimeError("repo_root: no file-based primary config directory in hydra.runtime.config_sources")
+    """``paths.root_dir``: the checkout, so its ``data/`` and ``outputs/`` are used from any working
+    directory; for an installed package (no checkout), the working directory."""
+    checkout = source_checkout()
+    return str(checkout) if checkout else os.getcwd()
 
 
 def register_resolvers() -> None:

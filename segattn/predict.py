@@ -1,6 +1,6 @@
 """Segment images with a trained or exported model: index masks and colour overlays at the original size.
 
-    python -m segattn.predict model=<ckpt | exported dir | model.onnx> input=<file | dir | glob> out=<dir>
+    python -m segattn.predict checkpoint=<ckpt | exported dir | model.onnx> input=<file|dir|glob> out=<dir>
 
 Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. An ONNX model
 runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and safetensors
@@ -15,34 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 
+from .cli import run_command
 from .cpu_memory import reuse_freed_memory
-from .inference.image_io import find_images, normalize, overlay, parse_cli, read_rgb, save_mask, save_rgb
+from .inference.image_io import find_images, normalize, overlay, read_rgb, save_mask, save_rgb
 from .inference.onnx import is_onnx
 
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
 
-DEFAULTS: dict[str, Any] = {
-    "model": ...,
-    "input": ...,
-    "out": ...,
-    "mode": "whole",
-    "crop": (),
-    "stride": (),
-    "crop_batch_size": 4,
-    "scales": (1.0,),
-    "flip": False,
-    "alpha": 0.5,
-    "threads": 0,
-}
-
-
-def pair(values: tuple, key: str) -> tuple[int, int] | None:
-    """``crop=512`` or ``crop=512,1024`` -> (H, W); empty -> None."""
-    if not values:
+def pair(value: Any, key: str) -> tuple[int, int] | None:
+    """``crop=512`` or ``crop=[512,1024]`` -> (H, W); null -> None."""
+    if value is None:
         return None
+    values = [value] if isinstance(value, int) else list(value)
     if len(values) not in (1, 2):
-        raise SystemExit(f"segattn.predict: {key}={','.join(map(str, values))}; expected H or H,W")
+        raise ValueError(f"{key}={values}; expected H or [H,W]")
     return (int(values[0]), int(values[-1]))
 
 
@@ -50,10 +38,9 @@ def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[st
     """An onnxruntime session and numpy slide/flip inference; multi-scale TTA needs the torch path."""
     from .inference.onnx import OnnxSegmentor, infer_numpy
 
-    if tuple(args["scales"]) != (1.0,):
-        raise SystemExit(
-            "segattn.predict: scales=... (multi-scale TTA) needs a checkpoint or safetensors model"
-        )
+    if list(args["scales"]) != [1.0]:
+        scales = list(args["scales"])
+        raise ValueError(f"scales={scales} (multi-scale TTA) needs a checkpoint or safetensors model")
     model = OnnxSegmentor(path, args["threads"])
 
     def predict(images: np.ndarray) -> np.ndarray:
@@ -129,8 +116,13 @@ def predict_files(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_cli(sys.argv[1:] if argv is None else argv, DEFAULTS, "segattn.predict")
-    model_path, out = Path(args["model"]), Path(args["out"])
+    """``python -m segattn.predict`` / ``segattn-predict``: compose conf/predict.yaml with ``argv``."""
+    return run_command("segattn.predict", "predict", run, argv)
+
+
+def run(args: DictConfig) -> int:
+    """Predict every image of ``args.input``; 1 when the model, the input or an image could not be read."""
+    model_path, out = Path(args["checkpoint"]), Path(args["out"])
     reuse_freed_memory()
     try:
         files = find_images(args["input"])

@@ -33,8 +33,7 @@ from .model import ModelSettings, measure_memory, time_steps
 from .report import console, format_bytes, format_seconds, print_table, progress, write_csv
 from .specs import Spec, parse_spec
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN_SCRIPT = REPO / "train.py"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # where this segattn is imported from
 
 
 @dataclass
@@ -74,11 +73,11 @@ class Recipe:
 
 def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
     """Compose ``train.py experiment=<name> <overrides>`` and keep the model, batch size and crop side."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}", *overrides])
+    from ..cli import compose_command
+
+    cfg = compose_command("train", [f"experiment={experiment}", *overrides])
     options = OmegaConf.to_container(cfg.model, resolve=True)
     name = options.pop("name")
     for key in ("compile", "pretrained"):  # how it trains and starts, not the network that is timed
@@ -123,7 +122,7 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
     row: dict[str, Any] = {"variant": variant.label, "seed": seed, "run_dir": str(run_dir)}
     summary = read_summary(run_dir)
     if summary is None:
-        command = [sys.executable, str(TRAIN_SCRIPT), f"experiment={settings.experiment}"]
+        command = [sys.executable, "-m", "segattn.training", f"experiment={settings.experiment}"]
         command += [*settings.overrides, *spec_overrides(variant), f"seed={seed}"]
         command += [f"run_name={run_name(variant, seed)}", f"hydra.run.dir={run_dir}"]
         last = run_dir / "checkpoints" / "last.ckpt"
@@ -131,6 +130,7 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
             command.append(f"ckpt_path={last}")
         threads = str(max(1, (os.cpu_count() or 1) // settings.jobs))
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
         run_dir.mkdir(parents=True, exist_ok=True)
         progress(f"accuracy: training {run_dir.name}{' (resuming)' if last.is_file() else ''}")
         start = time.perf_counter()

@@ -157,7 +157,9 @@ def load_model(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file or exported model directory")
     if path.suffix == ".onnx":
-        raise ValueError(f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict model={path}")
+        raise ValueError(
+            f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict checkpoint={path}"
+        )
     return load_checkpoint(path)
 
 

@@ -10,43 +10,35 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
 
-from ..config import register_resolvers
+from ..cli import compose_command, run_command
 from .datamodule import SegDataModule
 from .errors import DataError
 from .scan import SplitReport, scan_dataset
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = ("data", "paths")  # what the doctor reads; other overrides are reported and skipped
+
+
+def doctor_overrides(overrides: Sequence[str]) -> list[str]:
+    """The ``data`` / ``paths`` overrides of a command line; others (a pasted train.py command line) are
+    reported on stderr and skipped, so the doctor runs even when other config groups are broken."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0].split(".")[0]
+        if key in GROUPS or override in ("--help", "-h"):
+            kept.append(override)
+        else:
+            print(f"data doctor: ignoring {override!r} (only data and paths settings apply)", file=sys.stderr)
+    return kept
 
 
 def compose_data_config(overrides: Sequence[str]) -> dict[str, Any]:
-    """``cfg.data`` as plain SegDataModule kwargs, composed from the same conf/data and conf/paths files as
-    a training run. Only ``data``/``paths`` overrides matter here; others are reported and skipped, so
-    the doctor runs even when other config groups are broken or missing."""
-    groups = {"data": "synthetic", "paths": "default"}
-    rest = []
-    for override in overrides:
-        key, _, value = override.lstrip("+").partition("=")
-        if key in groups:
-            groups[key] = value
-        elif key.split(".")[0] in groups:
-            rest.append(override)
-        else:
-            print(f"data doctor: ignoring {override!r} (only data and paths settings apply)", file=sys.stderr)
-    register_resolvers()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        group_overrides = [f"+{key}={value}" for key, value in groups.items()]
-        cfg = compose(overrides=group_overrides + rest, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)  # lets ${repo_root:} and ${hydra:...} resolve
-        return OmegaConf.to_container(cfg.data, resolve=True)
+    """``cfg.data`` of conf/doctor.yaml with ``overrides``, as plain SegDataModule kwargs: the data config
+    a training run with the same overrides gets."""
+    return OmegaConf.to_container(compose_command("doctor", overrides).data, resolve=True)
 
 
 def scan_splits(datamodule: SegDataModule) -> list[SplitReport]:
@@ -101,12 +93,18 @@ def format_report(datamodule: SegDataModule, root: Any, reports: list[SplitRepor
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the doctor with Hydra overrides (``sys.argv[1:]`` by default); returns the exit status."""
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    """``python -m segattn.data.doctor`` / ``segattn-doctor``: compose conf/doctor.yaml with the ``data`` /
+    ``paths`` overrides of ``argv``; returns the exit status."""
+    overrides = doctor_overrides(sys.argv[1:] if argv is None else argv)
+    return run_command("data doctor", "doctor", run, overrides, groups=GROUPS[:1])
+
+
+def run(cfg: DictConfig) -> int:
+    """Scan every split; 0 clean, 1 problems found, 2 a dataset that cannot be set up."""
+    kwargs = OmegaConf.to_container(cfg.data, resolve=True)  # composed by run_command
     try:
-        kwargs = compose_data_config(overrides)
         datamodule = SegDataModule(**kwargs)
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
+    except ValueError as err:
         print(f"data doctor: configuration error: {err}", file=sys.stderr)
         return 2
     reports = scan_splits(datamodule)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 from torch.utils.data import DataLoader
 
-from ..config import check_validation, repo_root
+from ..config import check_validation, config_dir
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.errors import DataError
@@ -48,7 +48,7 @@ def recorded_dataset_file(cfg: DictConfig, info: dict[str, Any]) -> dict[str, An
     name = info.get("dataset")
     if not name:
         raise ValueError(f"checkpoint={cfg.checkpoint} does not record its dataset; name it with data=<name>")
-    path = Path(repo_root()) / "conf" / "data" / f"{name}.yaml"
+    path = config_dir() / "data" / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"checkpoint={cfg.checkpoint} was trained on dataset {name!r}, which has no {path}")
     merged = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # an open copy to graft onto

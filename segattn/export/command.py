@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from ..attention import attention_class
 from ..checkpoints.loading import WEIGHTS_FILE, load_exported, load_model, save_exported, write_metadata
-from ..inference.image_io import parse_cli
+from ..cli import run_command
 from ..inference.onnx import METADATA_KEY, ONNX_FILE
 
 FORMATS = ("onnx", "torchscript", "safetensors")
@@ -353,35 +354,29 @@ def export(
 
 
 def main(argv: list[str] | None = None) -> int:
-    defaults = {
-        "checkpoint": ...,
-        "format": ...,
-        "out": ...,
-        "height": 512,
-        "width": 512,
-        "opset": 18,
-        "atol": 1e-4,
-        "exporter": "auto",
-        "threads": 0,
-    }
-    args = parse_cli(sys.argv[1:] if argv is None else argv, defaults, "segattn.export")
-    if args["threads"]:
-        torch.set_num_threads(args["threads"])  # PyTorch and onnxruntime (latency report) alike
+    """``python -m segattn.export`` / ``segattn-export``: compose conf/export.yaml with ``argv``."""
+    return run_command("segattn.export", "export", run, argv)
+
+
+def run(args: DictConfig) -> int:
+    """Export and verify; 1 (one line on stderr) when the model cannot be loaded, exported or matched."""
+    if args.threads:
+        torch.set_num_threads(args.threads)  # PyTorch and onnxruntime (latency report) alike
     try:
-        model, info = load_model(args["checkpoint"])
+        model, info = load_model(args.checkpoint)
         start = time.perf_counter()
         report = export(
             model,
             info,
-            args["format"],
-            args["out"],
-            (args["height"], args["width"]),
-            args["opset"],
-            args["atol"],
-            args["exporter"],
+            args.format,
+            args.out,
+            (args.height, args.width),
+            args.opset,
+            args.atol,
+            args.exporter,
         )
     except (ExportError, ValueError, FileNotFoundError) as error:
         print(f"segattn.export: {error}", file=sys.stderr)
         return 1
-    print(f"exported {report['format']} to {args['out']} in {time.perf_counter() - start:.1f} s")
+    print(f"exported {report['format']} to {args.out} in {time.perf_counter() - start:.1f} s")
     return 0

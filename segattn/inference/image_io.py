@@ -105,38 +105,6 @@ def read_classes(directory: Path) -> dict[str, Any]:
     return {"classes": [str(name) for name in classes], "palette": [tuple(map(int, c)) for c in palette]}
 
 
-def parse_cli(argv: list[str], defaults: dict[str, Any], command: str) -> dict[str, Any]:
-    """``key=value`` arguments over ``defaults``; values are cast to the default's type (None: kept as str).
-
-    Unknown keys and missing required values (default ``...``) are errors that list the valid keys.
-    """
-    args = dict(defaults)
-    for item in argv:
-        key, sep, value = item.partition("=")
-        if not sep or key not in defaults:
-            raise SystemExit(
-                f"{command}: unknown argument {item!r}; expected key=value, key in {list(defaults)}"
-            )
-        default = defaults[key]
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise SystemExit(f"{command}: {key}={value!r}; expected true or false")
-            args[key] = value.lower() in ("true", "1")
-        elif isinstance(default, (int, float)):
-            try:
-                args[key] = type(default)(value)
-            except ValueError:
-                raise SystemExit(f"{command}: {key}={value!r}; expected a {type(default).__name__}") from None
-        elif isinstance(default, tuple):
-            args[key] = tuple(float(v) if "." in v else int(v) for v in value.strip("()[]").split(",") if v)
-        else:
-            args[key] = value
-    missing = [key for key, value in args.items() if value is ...]
-    if missing:
-        raise SystemExit(f"{command}: missing required argument(s) {', '.join(f'{k}=...' for k in missing)}")
-    return args
-
-
 __all__ = [
     "CLASSES_FILE",
     "IMAGE_SUFFIXES",
@@ -144,7 +112,6 @@ __all__ = [
     "find_images",
     "normalize",
     "overlay",
-    "parse_cli",
     "read_classes",
     "read_rgb",
     "save_mask",

@@ -12,9 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .tiling import default_stride, scaled_size, slide_windows
-
-MODES = ("whole", "slide")
+from .tiling import MODES, default_stride, scaled_size, slide_windows
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:

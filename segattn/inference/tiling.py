@@ -5,6 +5,7 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 
 from __future__ import annotations
 
+MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
 Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
 
 

@@ -120,7 +120,7 @@ def test_checkpoint_from_train_py_exports_and_predicts_end_to_end(tmp_path):
     masks = {}
     for kind, model in (("onnx", tmp_path / "onnx" / "model.onnx"), ("ckpt", ckpt)):
         out = tmp_path / f"pred_{kind}"
-        predict = run("-m", "segattn.predict", f"model={model}", f"input={images}", f"out={out}")
+        predict = run("-m", "segattn.predict", f"checkpoint={model}", f"input={images}", f"out={out}")
         assert predict.returncode == 0, predict.stderr[-2000:]
         masks[kind] = np.asarray(Image.open(out / "masks" / "scene.png"))
         assert masks[kind].shape == (45, 61) and masks[kind].max() < 5  # synthetic data has 5 classes

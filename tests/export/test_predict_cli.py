@@ -53,7 +53,7 @@ def test_onnx_predict_runs_without_torch_skips_the_corrupt_file_and_fails_at_the
 ):
     out = tmp_path / "out"
     code = "import sys; sys.modules['torch'] = None; from segattn.predict import main; sys.exit(main())"
-    args = [f"model={exported['onnx']}", f"input={images}", f"out={out}"]
+    args = [f"checkpoint={exported['onnx']}", f"input={images}", f"out={out}"]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert "c.png" in result.stderr and "skipping" in result.stderr
@@ -68,7 +68,7 @@ def test_onnx_predict_runs_without_torch_skips_the_corrupt_file_and_fails_at_the
 
 def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_path):
     out = tmp_path / "out"
-    assert main([f"model={exported['safetensors']}", f"input={images}/*.png", f"out={out}"]) == 1
+    assert main([f"checkpoint={exported['safetensors']}", f"input={images}/*.png", f"out={out}"]) == 1
     mask = np.asarray(Image.open(out / "masks" / "a.png"))
     np.testing.assert_array_equal(mask, expected_mask(images / "a.png"))
     colours = np.asarray(PALETTE)[mask]
@@ -78,9 +78,11 @@ def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_
 
 
 def test_slide_and_flip_agree_between_onnx_numpy_and_torch_paths(exported, images, tmp_path):
-    options = ["mode=slide", "crop=16,24", "stride=8,16", "crop_batch_size=3", "flip=true"]
+    options = ["mode=slide", "crop=[16,24]", "stride=[8,16]", "crop_batch_size=3", "flip=true"]
     for kind in ("onnx", "safetensors"):
-        main([f"model={exported[kind]}", f"input={images / 'a.png'}", f"out={tmp_path / kind}", *options])
+        main(
+            [f"checkpoint={exported[kind]}", f"input={images / 'a.png'}", f"out={tmp_path / kind}", *options]
+        )
     onnx_mask = np.asarray(Image.open(tmp_path / "onnx" / "masks" / "a.png"))
     torch_mask = np.asarray(Image.open(tmp_path / "safetensors" / "masks" / "a.png"))
     assert onnx_mask.shape == SIZES["a.png"]
@@ -88,7 +90,10 @@ def test_slide_and_flip_agree_between_onnx_numpy_and_torch_paths(exported, image
 
 
 def test_predict_errors_name_the_problem(exported, images, tmp_path, capsys):
-    with pytest.raises(SystemExit, match="multi-scale"):
-        main([f"model={exported['onnx']}", f"input={images}", f"out={tmp_path}", "scales=0.5,1.0"])
-    assert main([f"model={tmp_path / 'missing.ckpt'}", f"input={images}", f"out={tmp_path}"]) == 1
+    assert (
+        main([f"checkpoint={exported['onnx']}", f"input={images}", f"out={tmp_path}", "scales=[0.5,1.0]"])
+        == 1
+    )
+    assert "multi-scale" in capsys.readouterr().err
+    assert main([f"checkpoint={tmp_path / 'missing.ckpt'}", f"input={images}", f"out={tmp_path}"]) == 1
     assert "missing.ckpt" in capsys.readouterr().err

@@ -11,7 +11,6 @@ from segattn.inference.image_io import (
     find_images,
     normalize,
     overlay,
-    parse_cli,
     read_rgb,
     save_mask,
 )
@@ -61,11 +60,3 @@ def test_find_images_accepts_file_dir_and_glob(tmp_path):
         find_images(str(tmp_path / "*.tif"))
 
 
-def test_parse_cli_casts_to_default_types_and_rejects_unknown_keys():
-    defaults = {"model": ..., "crop": (), "flip": False, "alpha": 0.5, "threads": 0}
-    args = parse_cli(["model=m.onnx", "crop=256,384", "flip=true", "alpha=0.3", "threads=2"], defaults, "cmd")
-    assert args == {"model": "m.onnx", "crop": (256, 384), "flip": True, "alpha": 0.3, "threads": 2}
-    with pytest.raises(SystemExit, match="unknown argument 'modle=x'"):
-        parse_cli(["modle=x"], defaults, "cmd")
-    with pytest.raises(SystemExit, match="missing required argument"):
-        parse_cli([], defaults, "cmd")

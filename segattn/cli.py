@@ -1,0 +1,134 @@
+"""One command-line convention for every segattn command: Hydra composes ``conf/<command>.yaml`` and
+applies the same overrides everywhere (``key=value``, ``group=option``, lists as ``[512,1024]``), and
+``--help`` lists the command's config groups and keys.
+
+``train`` and ``eval`` are Hydra applications (a run directory per invocation, ``-m`` sweeps); export,
+predict and the data doctor write only where they are told, so they compose the same way without one.
+Console scripts (``segattn-train``, ...) point here, so they work from any directory, also after a
+non-editable install, which ships ``conf/`` inside the package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import config_dir, register_resolvers
+
+CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
+
+
+def one_line(error: BaseException) -> str:
+    """A Hydra / OmegaConf message on one line (they spread the key, the value and a hint over several)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def usage(config_name: str) -> str:
+    """The leading comment block of ``conf/<config_name>.yaml``: what the command does and its synopsis."""
+    lines = []
+    for line in (config_dir() / f"{config_name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").removeprefix(" "))
+    return "\n".join(lines)
+
+
+def help_text(config_name: str, cfg: DictConfig, groups: Sequence[str]) -> str:
+    """``--help``: usage, each config group with its options, and every key with its default."""
+    text = [usage(config_name), ""]
+    if groups:
+        text.append("Config groups (group=option):")
+        for group in groups:
+            options = sorted(path.stem for path in (config_dir() / group).glob("*.yaml"))
+            text.append(f"  {group}: {', '.join(options)}")
+        text.append("")
+    text += ["Keys (key=value; lists as [a,b]; ??? = required):", OmegaConf.to_yaml(cfg).rstrip()]
+    return "\n".join(text)
+
+
+def compose_command(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """``conf/<config_name>.yaml`` with Hydra ``overrides``; ``${hydra:...}`` and ``${repo_root:}``
+    resolve as in a Hydra run. Unknown keys and bad values raise Hydra / OmegaConf errors."""
+    register_resolvers()
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_command(
+    name: str,
+    config_name: str,
+    run: Callable[[DictConfig], int],
+    argv: Sequence[str] | None = None,
+    groups: Sequence[str] = (),
+) -> int:
+    """Compose, print ``--help`` or check required keys, then ``run(cfg)``; returns the exit status.
+    A bad override or a missing required key is one line on stderr and status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_help = any(arg in ("--help", "-h") for arg in argv)
+    try:
+        cfg = compose_command(config_name, [arg for arg in argv if arg not in ("--help", "-h")])
+        if wants_help:
+            print(help_text(config_name, cfg, groups))
+            return 0
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ValueError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
+    except (*CONFIG_ERRORS, ValueError) as error:
+        print(f"{name}: {one_line(error)}", file=sys.stderr)
+        return 2
+    return run(cfg)
+
+
+def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``. Errors a user can fix
+    (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data) are one line on stderr and
+    status 1, and the run dir Hydra made for the job is removed while it is still empty;
+    ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
+
+    @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
+    def main(cfg: DictConfig) -> Any:
+        try:
+            return run(cfg)
+        except (ValueError, FileNotFoundError) as error:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            run_dir = Path(cfg.paths.output_dir)
+            if run_dir.is_dir() and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            print(f"{Path(sys.argv[0]).name}: {error}", file=sys.stderr)
+            sys.exit(1)
+
+    register_resolvers()
+    return main
+
+
+def train_run(cfg: DictConfig) -> float | None:
+    """Train; the best val mIoU is the value a Hydra sweeper optimises."""
+    from .training.run import run
+
+    return run(cfg)["best_mIoU"]
+
+
+def eval_run(cfg: DictConfig) -> float | None:
+    """Evaluate; the mIoU is the value a Hydra sweeper optimises."""
+    from .evaluation.command import run
+
+    return run(cfg)["summary"]["mIoU"]
+
+
+train = hydra_app("train", train_run)  # train.py, segattn-train
+evaluate = hydra_app("eval", eval_run)  # eval.py, segattn-eval

@@ -1,0 +1,5 @@
+"""``python -m segattn.training``: train.py without the checkout (what ``segattn-train`` runs)."""
+
+from ..cli import train
+
+train()
