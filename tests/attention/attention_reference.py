@@ -66,21 +66,11 @@ def variant_id(name: str, options: dict[str, Any]) -> str:
     return "-".join([name, *(str(value) for value in options.values())])
 
 
-def parametrize_variants(variants: list[tuple[str, dict[str, Any]]], xfail: dict[str, str] | None = None):
-    """``@pytest.mark.parametrize("name, options", ...)`` with readable ids; ``xfail`` maps a name to the
-    reason it is known to fail (strict, so the entry must go once the variant is fixed)."""
-    xfail = xfail or {}
+def parametrize_variants(variants: list[tuple[str, dict[str, Any]]]):
+    """``@pytest.mark.parametrize("name, options", ...)`` with readable ids."""
     return pytest.mark.parametrize(
         ("name", "options"),
-        [
-            pytest.param(
-                name,
-                options,
-                id=variant_id(name, options),
-                marks=[pytest.mark.xfail(strict=True, reason=xfail[name])] if name in xfail else [],
-            )
-            for name, options in variants
-        ],
+        [pytest.param(name, options, id=variant_id(name, options)) for name, options in variants],
     )
 
 

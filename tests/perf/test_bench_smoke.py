@@ -134,7 +134,9 @@ def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
             assert float(row["floor_ratio"]) > 0 and row["note"].endswith("GFLOP/s")
         elif row["variant"] != "floor":
             assert float(row["floor_ratio"]) > 0 and float(row["matmul_ratio"]) > 0
-            assert int(row["peak_bytes"]) >= 0
+            # Every configuration got a peak from its memory child (a missing one is an empty cell). At
+            # these tiny sizes the high-water mark may not rise above the child's baseline, so 0 is valid.
+            assert row["peak_bytes"].isdigit(), (row["variant"], row["tokens"], row["peak_bytes"])
     assert all("vs_softmax" in r and r["vs_softmax"] for r in op if r["variant"] == "flatten")
 
     model = read_csv(tmp_path / "model.csv")
