@@ -28,7 +28,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
     """The most recently modified ``last.ckpt`` anywhere under ``log_dir`` (runs and sweeps alike),
-    ignoring files under ``exclude`` (the current run's own directory)."""
+    ignoring files under ``exclude``. Checkpoints are written without version suffixes
+    (``enable_version_counter: false``), so a run's latest state is always named ``last.ckpt``."""
     excluded = Path(exclude).resolve() if exclude else None
     candidates = [
         path
@@ -41,15 +42,22 @@ def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None)
 def resolve_ckpt_path(ckpt_path: str | None, log_dir: str | Path, run_dir: str | Path) -> Path | None:
     """``ckpt_path`` from the config → the checkpoint file to resume from (None: start fresh).
 
-    ``last`` picks the newest ``last.ckpt`` of earlier runs under ``log_dir``; anything else is a path.
+    ``auto`` resumes the run's own ``last.ckpt`` when it has one and starts fresh otherwise: one command
+    for the first launch and every requeue of a job with a fixed run directory. ``last`` also looks in
+    the run's own directory first (a requeued job re-run into ``hydra.run.dir``), then takes the newest
+    ``last.ckpt`` of other runs under ``log_dir``. Anything else is a path.
     """
     if ckpt_path is None:
         return None
-    if ckpt_path == "last":
+    if ckpt_path in ("auto", "last"):
+        own = find_last_checkpoint(run_dir) if Path(run_dir).is_dir() else None
+        if own is not None or ckpt_path == "auto":
+            return own
         found = find_last_checkpoint(log_dir, exclude=run_dir)
         if found is None:
             raise FileNotFoundError(
-                f"ckpt_path=last: no {LAST} under {log_dir}; train once first or pass a path"
+                f"ckpt_path=last: no {LAST} in this run's directory {run_dir} nor under {log_dir}; "
+                "train once first, pass a path, or use ckpt_path=auto to start fresh when there is none"
             )
         return found
     path = Path(ckpt_path).expanduser()

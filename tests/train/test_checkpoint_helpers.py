@@ -29,15 +29,25 @@ def test_last_is_the_newest_last_ckpt_of_earlier_runs(tmp_path):
     older = touch(tmp_path / "runs/a/checkpoints/last.ckpt", 1_000)
     newer = touch(tmp_path / "multiruns/x/0_job/checkpoints/last.ckpt", 2_000)
     touch(tmp_path / "runs/b/checkpoints/best.ckpt", 3_000)  # not a last.ckpt
-    current = touch(tmp_path / "runs/now/checkpoints/last.ckpt", 4_000)  # this run's own: excluded
-    assert find_last_checkpoint(tmp_path, exclude=current.parents[1]) == newer
-    assert resolve_ckpt_path("last", tmp_path, current.parents[1]) == newer
-    assert resolve_ckpt_path(str(older), tmp_path, current.parents[1]) == older
-    assert resolve_ckpt_path(None, tmp_path, current.parents[1]) is None
+    fresh_run = tmp_path / "runs/now"  # a new run's own directory, no checkpoint yet
+    assert find_last_checkpoint(tmp_path, exclude=fresh_run) == newer
+    assert resolve_ckpt_path("last", tmp_path, fresh_run) == newer
+    assert resolve_ckpt_path(str(older), tmp_path, fresh_run) == older
+    assert resolve_ckpt_path(None, tmp_path, fresh_run) is None
+
+
+def test_a_requeued_run_resumes_its_own_directory_first(tmp_path):
+    """A job re-run with the same command into a fixed hydra.run.dir: its own last.ckpt wins over a newer
+    one of another run; ``auto`` starts fresh when the run has none and never looks elsewhere."""
+    own = touch(tmp_path / "job42/checkpoints/last.ckpt", 1_000)
+    touch(tmp_path / "runs/other/checkpoints/last.ckpt", 2_000)
+    assert resolve_ckpt_path("last", tmp_path, tmp_path / "job42") == own
+    assert resolve_ckpt_path("auto", tmp_path, tmp_path / "job42") == own
+    assert resolve_ckpt_path("auto", tmp_path, tmp_path / "job43") is None
 
 
 def test_missing_checkpoints_are_reported_with_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no last\.ckpt under"):
+    with pytest.raises(FileNotFoundError, match=r"no last\.ckpt in this run's directory .*run nor under"):
         resolve_ckpt_path("last", tmp_path, tmp_path / "run")
     with pytest.raises(FileNotFoundError, match=r"nope\.ckpt"):
         resolve_ckpt_path(str(tmp_path / "nope.ckpt"), tmp_path, tmp_path / "run")
