@@ -5,6 +5,10 @@
 Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. An ONNX model
 runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and safetensors
 directories. Unreadable images are named, skipped, and make the command exit with status 1 at the end.
+
+In slide mode a TIFF input (GeoTIFF, BigTIFF) is streamed instead (``stream=true``, the default): read by
+window, inferred strip by strip and written as a tiled GeoTIFF mask with an overview PNG
+(``segattn.inference.raster_predict``), so its size is not limited by memory.
 """
 
 from __future__ import annotations
@@ -12,17 +16,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from .cli import run_command
 from .cpu_memory import reuse_freed_memory
-from .inference.image_io import find_images, normalize, overlay, read_rgb, save_mask, save_rgb
+from .inference.image_io import find_images, is_raster, normalize, overlay, read_rgb, save_mask, save_rgb
 from .inference.onnx import is_onnx
 
+if TYPE_CHECKING:
+    from .inference.raster_predict import SlideSettings
+
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
+
 
 def pair(value: Any, key: str) -> tuple[int, int] | None:
     """``crop=512`` or ``crop=[512,1024]`` -> (H, W); null -> None."""
@@ -58,16 +66,22 @@ def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[st
     return predict, model.info
 
 
-def torch_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
-    """``segattn.load_model`` + ``segattn.inference.infer`` under inference mode on the CPU."""
+def torch_model(path: Path, args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``segattn.load_model`` with the requested torch threads: (model in eval mode, info)."""
     import torch
 
     from .checkpoints.loading import load_model
-    from .inference.infer import infer
 
     if args["threads"]:
         torch.set_num_threads(args["threads"])
-    model, info = load_model(path)
+    return load_model(path)
+
+
+def torch_predictor(model: Any, info: dict[str, Any], args: dict[str, Any]) -> Predictor:
+    """``segattn.inference.infer`` on whole images under inference mode on the CPU."""
+    import torch
+
+    from .inference.infer import infer
 
     def predict(images: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -84,7 +98,33 @@ def torch_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[s
             )
         return logits[0].argmax(dim=0).numpy()
 
-    return predict, info
+    return predict
+
+
+def streams(path: Path, args: dict[str, Any]) -> bool:
+    """Whether ``path`` is read by window: a TIFF in slide mode with ``stream=true``."""
+    return bool(args["stream"]) and args["mode"] == "slide" and is_raster(path)
+
+
+def slide_settings(args: dict[str, Any], model_path: Path) -> SlideSettings:
+    """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed."""
+    from .inference.raster_predict import SlideSettings
+    from .inference.tiling import default_stride
+
+    if is_onnx(model_path):
+        raise ValueError(
+            f"checkpoint={model_path}: streaming a TIFF by window needs a checkpoint or safetensors "
+            "model; use one, or stream=false to read the image whole"
+        )
+    if list(args["scales"]) != [1.0]:
+        raise ValueError(
+            f"scales={list(args['scales'])}: a streamed TIFF takes flip TTA only; use scales=[1.0]"
+        )
+    crop = pair(args["crop"], "crop")
+    if crop is None:
+        raise ValueError("mode=slide needs crop=H or crop=[H,W] (the window size)")
+    stride = pair(args["stride"], "stride") or default_stride(crop)
+    return SlideSettings(crop, stride, int(args["crop_batch_size"]), bool(args["flip"]))
 
 
 def progress(items: list[Path], description: str) -> Iterator[Path]:
@@ -115,6 +155,41 @@ def predict_files(
     return written, failed
 
 
+def window_progress(bar: Any, task: Any) -> Callable[[int, int], None]:
+    """``on_windows(done, total)`` moving ``task`` of the rich progress ``bar``."""
+    return lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def predict_rasters(
+    model: Any, info: dict[str, Any], files: list[Path], out: Path, settings: SlideSettings
+) -> tuple[int, list[tuple[Path, str]]]:
+    """Stream every raster into ``out/masks/<stem>.tif``; (written count, [(file, reason) for failures])."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .inference.raster_predict import predict_raster
+
+    written, failed = 0, []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    for path in files:
+        with Progress(*columns) as bar:
+            task = bar.add_task(f"{path.name} (windows)", total=None)
+            try:
+                predict_raster(
+                    model,
+                    info,
+                    path,
+                    out,
+                    settings,
+                    window_progress(bar, task),
+                )
+            except ValueError as error:
+                print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
+                failed.append((path, str(error)))
+                continue
+        written += 1
+    return written, failed
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m segattn.predict`` / ``segattn-predict``: compose conf/predict.yaml with ``argv``."""
     return run_command("segattn.predict", "predict", run, argv)
@@ -126,12 +201,21 @@ def run(args: DictConfig) -> int:
     reuse_freed_memory()
     try:
         files = find_images(args["input"])
-        build = onnx_predictor if is_onnx(model_path) else torch_predictor
-        predictor, info = build(model_path, args)
+        rasters = [path for path in files if streams(path, args)]
+        settings = slide_settings(args, model_path) if rasters else None
+        if is_onnx(model_path):
+            predictor, info = onnx_predictor(model_path, args)
+        else:
+            model, info = torch_model(model_path, args)
+            predictor = torch_predictor(model, info, args)
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
-    written, failed = predict_files(predictor, info, progress(files, "segmenting"), out, args["alpha"])
+    images = [path for path in files if path not in rasters]
+    written, failed = predict_files(predictor, info, progress(images, "segmenting"), out, args["alpha"])
+    if rasters:
+        streamed, raster_failures = predict_rasters(model, info, rasters, out, settings)
+        written, failed = written + streamed, failed + raster_failures
     print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and overlays to {out / 'overlays'}")
     if failed:
         names = ", ".join(str(path) for path, _ in failed)

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-HW = tuple[int, int]
+from ..layers import HW
 
 
 class AttentionBase(nn.Module):
@@ -87,15 +87,4 @@ class AttentionBase(nn.Module):
         return f"dim={self.dim}, num_heads={self.num_heads}"
 
 
-def to_grid(x: Tensor, hw: HW) -> Tensor:
-    """[B, N, C] tokens -> a [B, C, H, W] channels-last view with the standard strides, batch stride H·W·C
-    even at B = 1: convs given a size-1 batch with stride C run (and copy) NCHW."""
-    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)
-
-
-def from_grid(x: Tensor) -> Tensor:
-    # [B, C, H, W] -> [B, N, C]
-    return x.flatten(2).transpose(1, 2)
-
-
-__all__ = ["HW", "AttentionBase", "from_grid", "to_grid"]
+__all__ = ["AttentionBase"]

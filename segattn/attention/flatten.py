@@ -6,11 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import HW, AttentionBase
-from .depthwise import depthwise_conv
+from ..layers import HW, depthwise_conv, use_fused
+from .base import AttentionBase
 from .functional import focused_feature_map, focused_linear_attention
 from .fused_focus import focused_attention_fused
-from .fused_switch import use_fused
 
 
 class FocusedLinearAttention(AttentionBase):

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..layers import use_fused
 from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
 from .fused_kernel import kernel_attention_fused
-from .fused_switch import use_fused
 
 __all__ = [
     "efficient_attention",

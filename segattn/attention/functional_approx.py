@@ -11,10 +11,10 @@ import math
 import torch
 from torch import Tensor
 
+from ..layers import use_fused
 from .functional import full_precision, kernel_attention, softmax_attention
 from .fused_kernel import kernel_attention_fused
 from .fused_random_features import PositiveRandomFeatures
-from .fused_switch import use_fused
 
 __all__ = [
     "iterative_pinv",

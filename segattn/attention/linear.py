@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .base import HW, AttentionBase
+from ..layers import HW
+from .base import AttentionBase
 from .functional import LINEAR_FEATURE_MAPS, linear_attention
 
 

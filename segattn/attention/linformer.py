@@ -7,7 +7,8 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from .base import HW, AttentionBase
+from ..layers import HW
+from .base import AttentionBase
 from .functional_approx import linformer_attention
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import HW, AttentionBase, from_grid, to_grid
-from .depthwise import depthwise_conv
+from ..layers import HW, depthwise_conv, from_grid, to_grid
+from .base import AttentionBase
 from .functional_approx import nystrom_attention
 
 

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import HW, AttentionBase
+from ..layers import HW
+from .base import AttentionBase
 from .functional_approx import default_num_features, orthogonal_random_features, performer_attention
 
 

@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from .base import HW, AttentionBase, from_grid, to_grid
+from ..layers import HW, from_grid, to_grid
+from .base import AttentionBase
 from .functional import softmax_attention
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+RASTER_SUFFIXES = (".tif", ".tiff")  # GeoTIFF / BigTIFF: what segattn.predict can read by window
 CLASSES_FILE = "classes.json"
 
 
@@ -45,6 +46,11 @@ def find_images(pattern: str) -> list[Path]:
         suffixes = ", ".join(IMAGE_SUFFIXES)
         raise FileNotFoundError(f"input={pattern!r} matches no image file (looked for {suffixes})")
     return files
+
+
+def is_raster(path: Path) -> bool:
+    """A TIFF file name: the inputs ``segattn.predict`` streams by window in slide mode."""
+    return path.suffix.lower() in RASTER_SUFFIXES
 
 
 def read_rgb(path: Path) -> np.ndarray:
@@ -108,8 +114,10 @@ def read_classes(directory: Path) -> dict[str, Any]:
 __all__ = [
     "CLASSES_FILE",
     "IMAGE_SUFFIXES",
+    "RASTER_SUFFIXES",
     "default_palette",
     "find_images",
+    "is_raster",
     "normalize",
     "overlay",
     "read_classes",

@@ -6,13 +6,13 @@ crops at once; the full-size logits and a per-pixel count map are the only image
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .tiling import MODES, default_stride, scaled_size, slide_windows
+from .tiling import MODES, Window, default_stride, scaled_size, slide_windows
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -37,6 +37,31 @@ def infer_whole(model: Callable[[Tensor], Tensor], images: Tensor, num_classes: 
     return _check_logits(model(images), images, num_classes)
 
 
+Job = tuple[int, Window]  # (image index in the batch, window)
+
+
+def slide_batches(
+    model: Callable[[Tensor], Tensor],
+    crops_of: Callable[[list[Job]], Tensor],
+    jobs: list[Job],
+    num_classes: int,
+    crop_batch_size: int,
+    start: int = 0,
+) -> Iterator[tuple[list[Job], Tensor]]:
+    """(jobs, fp32 logits [n, K, h, w]) for ``jobs[start:]``, ``crop_batch_size`` crops per forward pass.
+
+    The one batching every slide path shares (in-memory ``infer_slide`` and the strip-by-strip raster
+    stream), so both see the same crops in the same batches and sum the same numbers in the same order.
+    ``start`` must be a multiple of ``crop_batch_size`` for the batches to line up.
+    """
+    if crop_batch_size < 1:
+        raise ValueError(f"infer: crop_batch_size={crop_batch_size}; expected >= 1")
+    for begin in range(start, len(jobs), crop_batch_size):
+        chunk = jobs[begin : begin + crop_batch_size]
+        crops = crops_of(chunk)
+        yield chunk, _check_logits(model(crops), crops, num_classes).float()
+
+
 def infer_slide(
     model: Callable[[Tensor], Tensor],
     images: Tensor,
@@ -46,8 +71,6 @@ def infer_slide(
     crop_batch_size: int = 4,
 ) -> Tensor:
     """Overlapping crops batched ``crop_batch_size`` at a time; overlaps averaged with a count map."""
-    if crop_batch_size < 1:
-        raise ValueError(f"infer: crop_batch_size={crop_batch_size}; expected >= 1")
     batch, _, height, width = images.shape
     windows = slide_windows(height, width, crop_size, stride)
     jobs = [(index, window) for index in range(batch) for window in windows]
@@ -55,10 +78,11 @@ def infer_slide(
     count = images.new_zeros((1, 1, height, width), dtype=torch.float32)
     for top, bottom, left, right in windows:
         count[..., top:bottom, left:right] += 1
-    for start in range(0, len(jobs), crop_batch_size):
-        chunk = jobs[start : start + crop_batch_size]
-        crops = torch.stack([images[i, :, top:bottom, left:right] for i, (top, bottom, left, right) in chunk])
-        out = _check_logits(model(crops), crops, num_classes).float()
+
+    def crops_of(chunk: list[Job]) -> Tensor:
+        return torch.stack([images[i, :, top:bottom, left:right] for i, (top, bottom, left, right) in chunk])
+
+    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, crop_batch_size):
         for crop_logits, (i, (top, bottom, left, right)) in zip(out, chunk, strict=True):
             logits[i, :, top:bottom, left:right] += crop_logits
     return logits / count
@@ -117,4 +141,4 @@ def infer(
     return total / (len(scales) * (2 if flip else 1))
 
 
-__all__ = ["MODES", "infer", "infer_slide", "infer_whole"]
+__all__ = ["MODES", "Job", "infer", "infer_slide", "infer_whole", "slide_batches"]

@@ -1,7 +1,7 @@
 """The one switch between the fused autograd Functions and the plain autograd formulas they optimise.
 
-Every fast path of the package (``fused_kernel``, ``fused_focus``, ``depthwise``) runs only where
-``use_fused()`` says so; otherwise the caller takes its plain formula (``functional.py``,
+Every fast path of the package (``attention.fused_kernel``, ``attention.fused_focus``, ``layers.depthwise``)
+runs only where ``use_fused()`` says so; otherwise the caller takes its plain formula (``functional.py``,
 ``functional_approx.py``, FLatten's module code, ``F.conv2d``): same values within float rounding, ordinary
 autograd. ``SEGATTN_FUSED=0`` in the environment selects the plain formulas everywhere, to rule the
 hand-written backward passes in or out when a result looks wrong, or to time them against autograd.

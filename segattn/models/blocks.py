@@ -18,8 +18,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase, attention_options, build_attention
-from segattn.attention.base import HW, from_grid, to_grid
-from segattn.attention.depthwise import depthwise_conv
+from segattn.layers import HW, depthwise_conv, from_grid, to_grid
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
 

@@ -16,7 +16,7 @@ import torch
 from timm.models.pvt_v2 import checkpoint_filter_fn
 from torch import Tensor, nn
 
-from segattn.attention.base import from_grid, to_grid
+from segattn.layers import from_grid, to_grid
 
 from .blocks import AttentionSpec, Block, LayerNorm, MixFFN, drop_path_rates, init_weights
 from .encoder import Encoder

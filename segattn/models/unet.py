@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from timm.layers import ConvNormAct
 from torch import Tensor, nn
 
-from segattn.attention.base import from_grid, to_grid
+from segattn.layers import from_grid, to_grid
 
 from .blocks import AttentionSpec, Block, MixFFN
 from .encoder import Encoder

@@ -17,7 +17,7 @@ import torch
 from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
-from segattn.attention.base import HW, to_grid
+from segattn.layers import HW, to_grid
 
 from .blocks import AttentionSpec, Block, LayerNorm, TokenMlp, drop_path_rates, init_weights
 from .encoder import Encoder

@@ -14,10 +14,10 @@ import torch
 from attention_reference import all_variants, build_for_tokens, parametrize_variants
 from torch import Tensor
 
-from segattn.attention.depthwise import DepthwiseConv
 from segattn.attention.fused_focus import FocusedAttention
 from segattn.attention.fused_kernel import KernelAttention
-from segattn.attention.fused_switch import FUSED_ENV, use_fused
+from segattn.layers import FUSED_ENV, use_fused
+from segattn.layers.depthwise import DepthwiseConv
 
 FUNCTIONS: list[type[torch.autograd.Function]] = [KernelAttention, FocusedAttention, DepthwiseConv]
 # Variants with a fused path and the Functions it runs on CPU in eager mode; every other registered variant

@@ -14,7 +14,7 @@ import pytest
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
 from segattn.evaluation.command import run as evaluate
-from segattn.export.command import main as export_main
+from segattn.export import main as export_main
 from segattn.training.run import run as train
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from PIL import Image
 
 from segattn.attention import ATTENTION_REGISTRY, AttentionBase, attention_class
 from segattn.checkpoints.loading import save_exported
-from segattn.export.command import main
+from segattn.export import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from export_fixtures import CLASSES, PALETTE, SECOND, SIZE, tiny_info, tiny_mode
 
 import segattn
 from segattn.attention import attention_class, available_attention
-from segattn.export.command import ExportError, export
+from segattn.export import ExportError, export
 from segattn.inference.onnx import OnnxSegmentor, infer_numpy
 
 VARIANTS = available_attention()

@@ -12,7 +12,7 @@ import torch
 from export_fixtures import MEAN, PALETTE, STD, tiny_info, tiny_model
 from PIL import Image
 
-from segattn.export.command import export
+from segattn.export import export
 from segattn.predict import main
 
 SIZES = {"a.png": (37, 53), "b.jpg": (64, 40)}  # (H, W); b is grayscale

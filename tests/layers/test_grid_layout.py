@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from segattn.attention.base import from_grid, to_grid
-from segattn.attention.depthwise import dense_channels_last, depthwise_conv
+from segattn.layers import from_grid, to_grid
+from segattn.layers.depthwise import dense_channels_last, depthwise_conv
 
 
 def standard_channels_last_strides(shape: torch.Size) -> tuple[int, ...]:

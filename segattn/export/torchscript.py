@@ -1,0 +1,47 @@
+"""model.pt: the model traced to TorchScript, with the segattn metadata in its extra files."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention import attention_class
+from ..checkpoints.loading import write_metadata
+from .onnx import onnx_metadata
+from .verify import ExportError, check_sizes, compare, trace_size
+from .wrapper import ExportWrapper, attention_name
+
+TORCHSCRIPT_FILE = "model.pt"
+
+
+def export_torchscript(
+    model: nn.Module, info: dict[str, Any], out: Path, size: tuple[int, int], atol: float
+) -> dict[str, Any]:
+    """model.pt traced at ``size`` (metadata in its extra files), checked on two sizes; refused by flag."""
+    name = attention_name(info)
+    label = f"torchscript[{name}]"
+    if not attention_class(name).torchscript:
+        raise ExportError(
+            f"attention {name!r} does not support TorchScript (its class flag torchscript=False)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    wrapper = ExportWrapper(model).eval()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(wrapper, torch.randn(1, 3, *trace_size(*size)), check_trace=False)
+    except Exception as error:
+        raise ExportError(f"attention {name!r} cannot be traced to TorchScript: {error}") from None
+    path = out / TORCHSCRIPT_FILE
+    with warnings.catch_warnings():
+        # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(traced, str(path), _extra_files={"segattn.json": onnx_metadata(info, True, "trace")})
+        loaded = torch.jit.load(str(path))
+    results = compare(wrapper, loaded, check_sizes(*size), atol, label)
+    write_metadata(info, out)
+    return {"format": "torchscript", "attention": name, "checks": results}

@@ -1,0 +1,24 @@
+"""What every format exports: the model behind a tensor-in / tensor-out wrapper, and the variant's name
+that labels its checks and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+
+class ExportWrapper(nn.Module):
+    """Tensor in, tensor out: normalised images [B, 3, H, W] -> float32 logits [B, K, H, W]."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images).float()
+
+
+def attention_name(info: dict[str, Any]) -> str:
+    """The exported model's attention variant (``softmax`` where its config names none)."""
+    return str(info["model"].get("attention", "softmax"))

@@ -1,0 +1,157 @@
+"""Predict a raster larger than memory: read by window, infer strip by strip, write a GeoTIFF mask.
+
+    out/masks/<stem>.tif       class index per pixel: tiled, deflate-compressed, the input's CRS/transform
+    out/overviews/<stem>.png   the mask in palette colours, longest side at most ``OVERVIEW_SIDE``
+
+The mask grows in ``out/masks/.<stem>.tif.partial``; after each strip (one row of output tiles) is on
+disk, ``.<stem>.tif.progress.json`` records how many rows are done and under which settings. A killed
+run started again with the same input, model and settings continues at the first missing strip; the
+mask appears under its real name only when complete (fsync + rename), so it is never half-valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .image_io import normalize, save_rgb
+from .raster import BLOCK, RasterImage, create_mask, fsync_replace, raster_env, read_overview, write_rows
+from .strips import first_job, slide_strips
+from .tiling import Window, slide_windows
+
+OVERVIEW_SIDE = 1024
+
+
+@dataclass(frozen=True)
+class SlideSettings:
+    """How windows are laid and combined: the arguments ``infer(mode="slide")`` takes."""
+
+    crop: tuple[int, int]
+    stride: tuple[int, int]
+    crop_batch_size: int = 4
+    flip: bool = False
+
+
+def outputs(out: Path, path: Path) -> dict[str, Path]:
+    """Where the mask, its partial file, the progress record and the overview of ``path`` go."""
+    masks = out / "masks"
+    return {
+        "mask": masks / f"{path.stem}.tif",
+        "partial": masks / f".{path.stem}.tif.partial",
+        "progress": masks / f".{path.stem}.tif.progress.json",
+        "overview": out / "overviews" / f"{path.stem}.png",
+    }
+
+
+def run_key(path: Path, info: dict[str, Any], settings: SlideSettings) -> dict[str, Any]:
+    """What a partial mask was computed from; a resume needs all of it unchanged."""
+    image, model = path.stat(), Path(info["path"])
+    return {
+        "input": str(path.resolve()),
+        "input_bytes": image.st_size,
+        "input_mtime_ns": image.st_mtime_ns,
+        "model": str(model.resolve()),
+        "model_mtime_ns": model.stat().st_mtime_ns if model.exists() else None,
+        "num_classes": info["num_classes"],
+        **{
+            key: list(value) if isinstance(value, tuple) else value for key, value in asdict(settings).items()
+        },
+    }
+
+
+def resume_row(files: dict[str, Path], key: dict[str, Any], height: int) -> int:
+    """Rows already in the partial mask when its progress record matches ``key``; 0 (start over) otherwise."""
+    try:
+        record = json.loads(files["progress"].read_text())
+    except (OSError, ValueError):
+        return 0
+    if record.get("key") != key or not files["partial"].is_file():
+        return 0
+    rows = record.get("rows")
+    return (
+        rows if isinstance(rows, int) and 0 < rows <= height and (rows % BLOCK == 0 or rows == height) else 0
+    )
+
+
+def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> None:
+    """Write the progress record through a temporary file: a kill leaves the old record or the new."""
+    temp = files["progress"].with_suffix(".tmp")
+    temp.write_text(json.dumps({"key": key, "rows": rows}))
+    fsync_replace(temp, files["progress"])
+
+
+def predict_raster(
+    model: Callable[[Tensor], Tensor],
+    info: dict[str, Any],
+    path: Path,
+    out: Path,
+    settings: SlideSettings,
+    on_windows: Callable[[int, int], None] | None = None,
+    after_strip: Callable[[int], None] | None = None,
+) -> Path:
+    """Segment the raster ``path`` into ``out/masks/<stem>.tif`` (and its overview); returns the mask path.
+
+    ``on_windows(done, total)`` follows progress in windows; ``after_strip(rows_done)`` runs after each
+    strip is recorded (tests stop a run there). Raises ValueError naming the file (and window) on bad input.
+    """
+    files = outputs(out, path)
+    with raster_env(), torch.inference_mode():
+        image = RasterImage(path)
+        try:
+            key = run_key(path, info, settings)
+            height, width = image.size
+            start = resume_row(files, key, height)
+            if start == 0:
+                files["mask"].parent.mkdir(parents=True, exist_ok=True)
+                create_mask(files["partial"], image.size, info["num_classes"], image.profile)
+            windows = slide_windows(height, width, settings.crop, settings.stride)
+            views = 2 if settings.flip else 1
+            total, done = len(windows) * views, first_job(windows, start, settings.crop_batch_size) * views
+
+            def read(window: Window) -> Tensor:
+                return torch.from_numpy(normalize(image.read(window), info["mean"], info["std"])[0])
+
+            def counted(n: int) -> None:
+                nonlocal done
+                done += n
+                if on_windows is not None:
+                    on_windows(done, total)
+
+            strips = slide_strips(
+                model,
+                read,
+                image.size,
+                info["num_classes"],
+                settings.crop,
+                settings.stride,
+                settings.crop_batch_size,
+                settings.flip,
+                BLOCK,
+                start,
+                counted,
+            )
+            row = start
+            for logits in strips if start < height else ():  # start == height: only the rename was missing
+                write_rows(files["partial"], row, logits.argmax(dim=0).numpy(), info["palette"])
+                row += logits.shape[1]
+                record_progress(files, key, row)
+                if after_strip is not None:
+                    after_strip(row)
+        finally:
+            image.close()
+        overview = np.asarray(info["palette"], dtype=np.uint8)[read_overview(files["partial"], OVERVIEW_SIDE)]
+    save_rgb(overview, files["overview"])
+    fsync_replace(files["partial"], files["mask"])
+    os.remove(files["progress"])
+    return files["mask"]
+
+
+__all__ = ["OVERVIEW_SIDE", "SlideSettings", "outputs", "predict_raster"]

@@ -1,0 +1,122 @@
+"""Sliding-window inference strip by strip: ``infer(mode="slide")`` for images read by window.
+
+The windows, their batches (``slide_batches``), the overlap averaging and flip TTA are those of
+``infer``; only the bookkeeping differs. Logit sums are kept for the rows between the first row not yet
+returned and the bottom of the latest window, so memory grows with the window, the batch and the image
+width, never with the image height. Rows above the next window's top are final and leave as a strip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from .infer import Job, slide_batches
+from .tiling import Window, slide_windows
+
+ReadCrop = Callable[[Window], Tensor]  # (top, bottom, left, right) -> normalised float32 [3, h, w]
+Model = Callable[[Tensor], Tensor]  # [n, 3, h, w] -> logits [n, K, h, w]
+
+
+def first_job(windows: list[Window], start_row: int, crop_batch_size: int) -> int:
+    """Index of the batch that holds the first window reaching below ``start_row``: a resumed stream
+    starts there, so its batches are the uninterrupted run's (rows above ``start_row`` are discarded)."""
+    index = next((i for i, (_, bottom, _, _) in enumerate(windows) if bottom > start_row), len(windows))
+    return index - index % crop_batch_size
+
+
+def strip_count(windows: list[Window], top: int, bottom: int, width: int) -> Tensor:
+    """How many windows cover each pixel of rows [top, bottom): ``infer_slide``'s count map for a strip."""
+    count = torch.zeros((1, bottom - top, width))
+    for w_top, w_bottom, left, right in windows:
+        if w_top < bottom and w_bottom > top:
+            count[:, max(w_top, top) - top : min(w_bottom, bottom) - top, left:right] += 1
+    return count
+
+
+def view_strips(
+    model: Model,
+    read: ReadCrop,
+    size: tuple[int, int],
+    num_classes: int,
+    crop: tuple[int, int],
+    stride: tuple[int, int],
+    crop_batch_size: int,
+    strip_rows: int,
+    start_row: int = 0,
+    flip: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[Tensor]:
+    """Averaged logits [K, rows, W] of rows [start_row, H) in strips of ``strip_rows`` (the last shorter)
+    for one view: the image, or its mirror (``flip``: windows tile the mirrored image, as in ``infer``,
+    and each strip is un-mirrored before it leaves). ``on_batch(n)`` is told of every n windows run."""
+    height, width = size
+    windows = slide_windows(height, width, crop, stride)
+    jobs: list[Job] = [(0, window) for window in windows]
+
+    def crops_of(chunk: list[Job]) -> Tensor:
+        if not flip:
+            return torch.stack([read(window) for _, window in chunk])
+        mirrored = [(top, bottom, width - right, width - left) for _, (top, bottom, left, right) in chunk]
+        return torch.stack([read(window).flip(-1) for window in mirrored])
+
+    base, sums = start_row, torch.zeros((num_classes, 0, width))  # sums[:, r] holds row base + r
+
+    def take(rows: int) -> Tensor:
+        nonlocal base, sums
+        strip = sums[:, :rows] / strip_count(windows, base, base + rows, width)
+        base, sums = base + rows, sums[:, rows:]
+        return strip.flip(-1) if flip else strip
+
+    done = first_job(windows, start_row, crop_batch_size)
+    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, crop_batch_size, done):
+        reach = max(bottom for _, (_, bottom, _, _) in chunk) - base
+        if reach > sums.shape[1]:
+            sums = torch.cat([sums, sums.new_zeros((num_classes, reach - sums.shape[1], width))], dim=1)
+        for crop_logits, (_, (top, bottom, left, right)) in zip(out, chunk, strict=True):
+            if bottom > base:  # a resumed stream's first batch may end above start_row
+                skip = max(0, base - top)
+                sums[:, top + skip - base : bottom - base, left:right] += crop_logits[:, skip:]
+        if on_batch is not None:
+            on_batch(len(chunk))
+        done += len(chunk)
+        final = windows[done][0] if done < len(windows) else height  # rows above the next top are final
+        while final - base >= strip_rows or (final == height and base < height):
+            yield take(min(strip_rows, height - base))
+
+
+def slide_strips(
+    model: Model,
+    read: ReadCrop,
+    size: tuple[int, int],
+    num_classes: int,
+    crop: tuple[int, int],
+    stride: tuple[int, int],
+    crop_batch_size: int = 4,
+    flip: bool = False,
+    strip_rows: int = 256,
+    start_row: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[Tensor]:
+    """Logits [K, rows, W] of consecutive strips of rows [start_row, H), equal to the same rows of
+    ``infer(model, image, K, "slide", crop, stride, crop_batch_size, flip=flip)``; ``start_row`` a multiple
+    of ``strip_rows`` resumes a stream. With ``flip`` both views advance together, a strip at a time."""
+    if strip_rows < 1 or start_row % strip_rows:
+        raise ValueError(f"slide_strips: start_row={start_row}, strip_rows={strip_rows}; expected a multiple")
+    args = (model, read, size, num_classes, crop, stride, crop_batch_size, strip_rows, start_row)
+    views = [view_strips(*args, flip=False, on_batch=on_batch)]
+    if flip:
+        views.append(view_strips(*args, flip=True, on_batch=on_batch))
+    for strips in zip(*views, strict=True):
+        if len(strips) == 1:
+            yield strips[0]
+            continue
+        total = torch.zeros_like(strips[0])
+        for strip in strips:  # summed and divided as infer sums its TTA views
+            total += strip
+        yield total / len(strips)
+
+
+__all__ = ["first_job", "slide_strips", "strip_count"]

@@ -1,0 +1,19 @@
+"""Tokens ↔ image grid: the [B, N, C] token sequence and its [B, C, H, W] image, with (H, W) passed
+explicitly (never inferred from N). Attention variants and encoders convert through these two only."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+HW = tuple[int, int]
+
+
+def to_grid(x: Tensor, hw: HW) -> Tensor:
+    """[B, N, C] tokens -> a [B, C, H, W] channels-last view with the standard strides, batch stride H·W·C
+    even at B = 1: convs given a size-1 batch with stride C run (and copy) NCHW."""
+    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)
+
+
+def from_grid(x: Tensor) -> Tensor:
+    # [B, C, H, W] -> [B, N, C]
+    return x.flatten(2).transpose(1, 2)

@@ -1,0 +1,189 @@
+"""Streaming prediction of GeoTIFFs: the in-memory slide mask exactly, georeferencing kept, resumable by
+strip, and bad rasters named with their window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import torch
+from export_fixtures import PALETTE, tiny_info, tiny_model
+from PIL import Image
+from rasterio.crs import CRS
+from rasterio.transform import from_origin
+
+from segattn.checkpoints.loading import load_model, save_exported
+from segattn.inference.image_io import normalize
+from segattn.inference.infer import infer
+from segattn.inference.raster import check_pair, raster_env
+from segattn.inference.raster_predict import SlideSettings, outputs, predict_raster
+from segattn.predict import main
+
+SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows
+SMALL_SIZE = (700, 1100)
+CRS_UTM = CRS.from_epsg(32633)
+TRANSFORM = from_origin(500000.0, 4650000.0, 0.5, 0.5)
+SETTINGS = SlideSettings(crop=(512, 640), stride=(384, 480), crop_batch_size=3)
+SMALL = SlideSettings(crop=(64, 64), stride=(64, 64))
+
+
+def write_geotiff(path: Path, bands: np.ndarray, crs: CRS | None = CRS_UTM, **profile) -> Path:
+    """bands [C, H, W] as a tiled, deflate-compressed GeoTIFF on the test grid."""
+    count, height, width = bands.shape
+    with rasterio.open(
+        path, "w", driver="GTiff", height=height, width=width, count=count, dtype=bands.dtype, crs=crs,
+        transform=TRANSFORM, tiled=True, blockxsize=256, blockysize=256, compress="deflate", **profile,
+    ) as dataset:  # fmt: skip
+        dataset.write(bands)
+    return path
+
+
+def scene(size: tuple[int, int]) -> np.ndarray:
+    """uint8 [3, H, W]: smooth gradients with noise, so the tiny model's classes vary over the image."""
+    rng = np.random.default_rng(0)
+    rows, cols = np.mgrid[0 : size[0], 0 : size[1]]
+    smooth = np.stack([rows * 255 // size[0], cols * 255 // size[1], (rows + cols) % 256])
+    return np.clip(smooth + rng.integers(-40, 40, (3, *size)), 0, 255).astype(np.uint8)
+
+
+def slide_mask(model, rgb: np.ndarray, settings: SlideSettings, info) -> np.ndarray:
+    """The in-memory reference: ``infer(mode="slide")`` on the whole normalised image, argmax."""
+    images = torch.from_numpy(normalize(rgb, info["mean"], info["std"]))
+    with torch.inference_mode():
+        logits = infer(
+            model, images, info["num_classes"], "slide", settings.crop, settings.stride,
+            settings.crop_batch_size, flip=settings.flip,
+        )  # fmt: skip
+    return logits[0].argmax(0).numpy()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    model = tiny_model("linear", seed=5)
+    directory = tmp_path_factory.mktemp("model") / "st"
+    save_exported(model, tiny_info(model), directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def raster(tmp_path_factory) -> Path:
+    return write_geotiff(tmp_path_factory.mktemp("raster") / "scene.tif", scene(SIZE))
+
+
+@pytest.fixture(scope="module")
+def small_raster(tmp_path_factory) -> Path:
+    """Three strips (256, 256 and 188 rows): enough to stop after two."""
+    return write_geotiff(tmp_path_factory.mktemp("raster") / "small.tif", scene(SMALL_SIZE))
+
+
+def read_mask(path: Path) -> np.ndarray:
+    with rasterio.open(path) as dataset:
+        return dataset.read(1)
+
+
+def test_cli_streams_a_geotiff_to_the_in_memory_slide_mask_with_its_georeferencing(
+    exported, raster, tmp_path
+):
+    out = tmp_path / "out"
+    args = [f"checkpoint={exported}", f"input={raster}", f"out={out}", "mode=slide", "crop=[512,640]"]
+    args += ["stride=[384,480]", "crop_batch_size=3"]
+    assert main(args) == 0
+    model, info = load_model(exported)
+    rgb = scene(SIZE).transpose(1, 2, 0)
+    with rasterio.open(out / "masks" / "scene.tif") as mask:
+        assert (mask.crs, mask.transform, mask.shape) == (CRS_UTM, TRANSFORM, SIZE)
+        assert mask.profile["tiled"] and mask.profile["compress"] == "deflate"
+        np.testing.assert_array_equal(mask.read(1), slide_mask(model, rgb, SETTINGS, info))
+        assert mask.colormap(1)[1] == (*PALETTE[1], 255)
+    overview = np.asarray(Image.open(out / "overviews" / "scene.png"))
+    assert overview.shape == (668, 1024, 3)
+    assert not list((out / "masks").glob(".*"))  # no partial file or progress record left
+
+
+def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(small_raster, tmp_path):
+    raster = small_raster
+    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    settings = SlideSettings(crop=(256, 256), stride=(192, 192), crop_batch_size=3, flip=True)
+    whole = predict_raster(model, info, raster, tmp_path / "whole", settings)
+
+    class SimulatedKillError(Exception):
+        pass
+
+    def kill_after_two(rows: int) -> None:
+        if rows == 512:
+            raise SimulatedKillError
+
+    out, seen = tmp_path / "resumed", []
+    with pytest.raises(SimulatedKillError):
+        predict_raster(model, info, raster, out, settings, after_strip=kill_after_two)
+    files = outputs(out, raster)
+    assert not files["mask"].exists() and files["partial"].exists()
+    predict_raster(model, info, raster, out, settings, on_windows=lambda done, total: seen.append(done))
+    assert seen[0] == 2 * 12 + 3  # began at the first window below row 512 (12 above it, two views)
+    np.testing.assert_array_equal(read_mask(files["mask"]), read_mask(whole))
+    rgb = scene(SMALL_SIZE).transpose(1, 2, 0)  # flip TTA streamed is flip TTA in memory
+    np.testing.assert_array_equal(read_mask(whole), slide_mask(model, rgb, settings, info))
+
+
+def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path):
+    raster = small_raster
+    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    settings = SlideSettings(crop=(512, 512), stride=(512, 512), crop_batch_size=4)
+
+    def stop(rows: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        predict_raster(model, info, raster, tmp_path, settings, after_strip=stop)
+    seen: list[int] = []
+    other = SlideSettings(crop=(512, 512), stride=(256, 512), crop_batch_size=4)
+    predict_raster(model, info, raster, tmp_path, other, on_windows=lambda done, total: seen.append(done))
+    assert seen[0] == 4
+
+
+def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(exported, tmp_path):
+    two = write_geotiff(tmp_path / "two.tif", scene((64, 96))[:2])
+    out = tmp_path / "out"
+    code = main([f"checkpoint={exported}", f"input={two}", f"out={out}", "mode=slide", "crop=64"])
+    assert code == 1
+    assert not (out / "masks").exists()
+    with pytest.raises(ValueError, match=r"raster .*two\.tif has 2 bands .*expected 1 \(gray\), 3 \(RGB\)"):
+        predict_raster(None, tiny_info(tiny_model("linear")), two, out, SMALL)
+
+
+def test_sixteen_bit_samples_are_refused_naming_the_type(tmp_path):
+    deep = write_geotiff(tmp_path / "deep.tif", scene((64, 96)).astype(np.uint16) * 256)
+    with pytest.raises(ValueError, match=r"deep\.tif holds uint16 samples; expected uint8"):
+        predict_raster(None, tiny_info(tiny_model("linear")), deep, tmp_path / "out", SMALL)
+
+
+def test_a_corrupt_tile_names_the_file_and_the_window(tmp_path):
+    path = write_geotiff(tmp_path / "corrupt.tif", scene((512, 512)))
+    with raster_env(), rasterio.open(path) as dataset:  # the bytes of tile (row 1, column 1)
+        offset = int(dataset.get_tag_item("BLOCK_OFFSET_1_1", "TIFF", bidx=1))
+        length = int(dataset.get_tag_item("BLOCK_SIZE_1_1", "TIFF", bidx=1))
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        file.write(b"\xff" * length)
+    model, info = tiny_model("linear"), tiny_info(tiny_model("linear"))
+    settings = SlideSettings(crop=(256, 256), stride=(256, 256))
+    with pytest.raises(
+        ValueError, match=r"cannot read raster .*corrupt\.tif at rows 256:512, columns 256:512"
+    ):
+        predict_raster(model, info, path, tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "masks" / "corrupt.tif").exists()
+
+
+def test_a_mask_on_another_grid_is_named(tmp_path):
+    image = write_geotiff(tmp_path / "image.tif", scene((64, 96)))
+    smaller = write_geotiff(tmp_path / "smaller.tif", scene((64, 80))[:1])
+    moved = write_geotiff(tmp_path / "moved.tif", scene((64, 96))[:1], crs=CRS.from_epsg(4326))
+    check_pair(image, write_geotiff(tmp_path / "same.tif", scene((64, 96))[:1]))
+    with pytest.raises(
+        ValueError, match=r"mask .*smaller\.tif is 64×80 pixels; its image .*image\.tif is 64×96"
+    ):
+        check_pair(image, smaller)
+    with pytest.raises(ValueError, match=r"mask .*moved\.tif has CRS EPSG:4326; its image .*has EPSG:32633"):
+        check_pair(image, moved)
