@@ -29,3 +29,9 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         """Write last.ckpt unless a checkpoint (and with it last.ckpt) was already saved at this step."""
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def save_last_now(self, trainer: pl.Trainer) -> str:
+        """Write last.ckpt at this very step, whatever the schedule (a preempted run's final state, taken
+        between two steps so that resuming continues at the next one). Returns its path."""
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        return self.last_model_path

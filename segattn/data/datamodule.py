@@ -15,6 +15,7 @@ from .base import SegDatasetBase
 from .errors import DataError
 from .labels import IGNORE_INDEX
 from .registry import build_source
+from .resumable import EpochPosition, ResumableDataLoader
 from .scan import scan_dataset
 from .transforms import (
     IMAGENET_MEAN,
@@ -104,6 +105,7 @@ class SegDataModule(pl.LightningDataModule):
         )
         self.eval_transform = build_eval_transform(eval_short_side, mean, std)
         self.datasets: dict[str, SegDatasetBase] = {}
+        self.train_position = EpochPosition()  # saved in checkpoints: a preempted run resumes mid-epoch
 
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets ``stage`` needs (all three for None). With ``validate`` every file of those
@@ -147,7 +149,8 @@ class SegDataModule(pl.LightningDataModule):
         if train and self.num_workers == 0:  # no worker_init_fn runs in-process: seed the pipeline here
             reseed_transform(dataset, stream_seed(int(torch.randint(2**62, ()).item()), rank))
         batch_size = self.batch_size if train else self.val_batch_size
-        return DataLoader(
+        resumable = {"position": self.train_position} if train else {}
+        return (ResumableDataLoader if train else DataLoader)(
             dataset,
             batch_size=batch_size,
             shuffle=train,
@@ -157,7 +160,22 @@ class SegDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory,
             collate_fn=partial(seg_collate, ignore_index=self.ignore_index),
             worker_init_fn=WorkerSeeder(rank) if self.num_workers > 0 else None,
+            **resumable,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's position when a checkpoint is taken mid-epoch (``ResumableDataLoader``);
+        nothing at an epoch's end, where resuming starts the next epoch afresh."""
+        trainer = getattr(self, "trainer", None)
+        handed_out = self.train_position.handed_out
+        if trainer is None or not 0 < handed_out < trainer.num_training_batches:
+            return {}
+        return {"train_position": self.train_position.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Lightning calls this before it builds the train loader when resuming: its first epoch picks up
+        where the checkpoint's stopped."""
+        self.train_position.load_state_dict(state.get("train_position", {}))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

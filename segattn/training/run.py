@@ -33,6 +33,7 @@ from .guards import NonFiniteGuard
 from .losses import SegLoss
 from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
+from .preemption import PreemptionCheckpoint
 from .preflight import preflight
 from .summary import print_summary, summarize
 
@@ -43,6 +44,7 @@ CALLBACKS: dict[str, type[pl.Callback]] = {
     "rich_model_summary": RichModelSummary,
     "wandb_panel": WandbValidationPanel,
     "nonfinite_guard": NonFiniteGuard,
+    "preemption": PreemptionCheckpoint,  # SIGTERM / SIGUSR1: step-exact last.ckpt, exit 128 + signal
 }
 LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
 STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}

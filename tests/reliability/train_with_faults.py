@@ -6,6 +6,8 @@ child processes re-run this script, so they get the same callbacks."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -55,7 +57,21 @@ class ParkAt(pl.Callback):
             time.sleep(self.seconds)
 
 
-CALLBACKS.update({"raise_at_step": RaiseAtStep, "poison_batch": PoisonBatch, "park_at": ParkAt})
+class SignalAt(pl.Callback):
+    """Send the signal ``name`` (e.g. SIGTERM) to this process when global step ``step`` starts: a scheduler
+    preempting the job in the middle of a step, at a step the test knows."""
+
+    def __init__(self, step: int, name: str) -> None:
+        self.step, self.signum = step, getattr(signal, name)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+CALLBACKS.update(
+    {"raise_at_step": RaiseAtStep, "poison_batch": PoisonBatch, "park_at": ParkAt, "signal_at": SignalAt}
+)
 
 if __name__ == "__main__":
     # Executing train.py under the name __main__ runs its Hydra main; unlike runpy, sys.argv[0] stays this

@@ -1,0 +1,126 @@
+"""A job with a fixed run directory is preempted (SIGTERM) in the middle of an epoch, then started again
+with the very same command (``ckpt_path=auto``), as a scheduler requeues it: the first run leaves a
+step-exact last.ckpt and exits 143, the second continues at the next step and ends with exactly the
+weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+
+import pytest
+import torch
+from reliability_fixtures import TINY, run_train, train_command, train_env
+from torch.utils.data import TensorDataset
+
+from segattn.data.resumable import ResumableDataLoader
+from segattn.training.preemption import PreemptionCheckpoint, requeue_slurm_job
+
+# 4 steps per epoch, 2 epochs; deterministic, one loader worker (seeded per epoch from the torch RNG),
+# warmup then poly decay so the LR differs at every step.
+RUN = [
+    *TINY,
+    "data.num_train=8",
+    "data.batch_size=2",
+    "data.num_workers=1",
+    "trainer.max_epochs=2",
+    "trainer.deterministic=true",
+    "scheduler.warmup_steps=3",
+    "optimizer.lr=1e-3",
+    "logger=none",
+    "test_after_fit=false",
+    "ckpt_path=auto",
+]
+SIGTERM_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGTERM"]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_path):
+    logs, reference = tmp_path / "logs", tmp_path / "reference"
+    logs.mkdir()
+    reference.mkdir()
+    straight = subprocess.Popen(
+        train_command(reference, *RUN, run="straight"),
+        cwd=tmp_path,
+        env=train_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    job = [*RUN, *SIGTERM_AT_STEP_5]  # a requeue re-runs this exact command
+    preempted = run_train(logs, *job, run="job42")
+    assert preempted.returncode == 128 + signal.SIGTERM, preempted.stdout[-3000:] + preempted.stderr[-3000:]
+    last = logs / "job42" / "checkpoints" / "last.ckpt"
+    assert "preempted by SIGTERM at epoch 1" in preempted.stdout + preempted.stderr
+    stopped = load(last)
+    assert (stopped["epoch"], stopped["global_step"]) == (1, 6)  # mid-epoch: step 2 of epoch 1's 4
+    assert not list(last.parent.glob(".*.tmp")) and not list(last.parent.glob("last-v*.ckpt"))
+
+    resumed = run_train(logs, *job, run="job42")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming from {last}" in resumed.stdout + resumed.stderr
+    assert straight.wait(timeout=180) == 0, straight.communicate()[0][-3000:]
+
+    final, expected = load(last), load(reference / "straight" / "checkpoints" / "last.ckpt")
+    assert (final["epoch"], final["global_step"]) == (expected["epoch"], expected["global_step"]) == (1, 8)
+    for name, value in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], value), name
+    for key, state in expected["optimizer_states"][0]["state"].items():
+        assert torch.equal(final["optimizer_states"][0]["state"][key]["exp_avg"], state["exp_avg"])
+    assert not torch.equal(  # the preempted run's weights really were two steps behind
+        stopped["state_dict"]["model.head.classifier.weight"],
+        expected["state_dict"]["model.head.classifier.weight"],
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_loader_replays_an_interrupted_epoch_batch_for_batch(num_workers):
+    """A fresh loader given the saved position hands out exactly the rest of the interrupted epoch, and
+    leaves the global RNG as the checkpoint had it (the training steps' dropout draws stay in step)."""
+    dataset = TensorDataset(torch.arange(12))
+    make = functools.partial(
+        ResumableDataLoader, dataset, batch_size=2, shuffle=True, num_workers=num_workers
+    )
+    torch.manual_seed(0)
+    loader = make()
+    batches = iter(loader)
+    seen = [next(batches)[0].tolist() for _ in range(2)]
+    saved, rng_at_save = loader.state_dict(), torch.get_rng_state()
+    rest = [batch[0].tolist() for batch in batches]
+
+    torch.set_rng_state(rng_at_save)  # what the restored checkpoint does
+    resumed = make()
+    resumed.load_state_dict(saved)
+    replay = iter(resumed)
+    assert torch.equal(torch.get_rng_state(), rng_at_save)
+    assert [batch[0].tolist() for batch in replay] == rest
+    assert sorted(index for batch in seen + rest for index in batch) == list(range(12))
+
+
+@pytest.mark.parametrize(
+    ("env", "job"),
+    [({"SLURM_JOB_ID": "42"}, "42"), ({"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3"}, "7_3")],
+)
+def test_slurm_requeue_names_the_job(tmp_path, monkeypatch, env, job):
+    record = tmp_path / "scontrol.args"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {record}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    requeue_slurm_job()
+    assert record.read_text().split() == ["requeue", job]
+
+
+def test_unknown_signal_names_the_key():
+    with pytest.raises(ValueError, match=r"callbacks\.preemption\.signals=\['SIGTERN'\]: expected"):
+        PreemptionCheckpoint(signals=["SIGTERN"])
