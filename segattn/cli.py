@@ -95,15 +95,16 @@ def run_command(
 
 def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
     """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``. Errors a user can fix
-    (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data) are one line on stderr and
-    status 1, and the run dir Hydra made for the job is removed while it is still empty;
+    (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data; ``FileExistsError``: a run
+    dir another run holds) are one line on stderr and status 1, and the run dir Hydra made for the job is
+    removed while it is still empty;
     ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
         try:
             return run(cfg)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, FileExistsError) as error:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             run_dir = Path(cfg.paths.output_dir)

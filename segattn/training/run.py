@@ -18,7 +18,7 @@ from pytorch_lightning.callbacks import (
 )
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 from ..checkpoints.atomic import AtomicCheckpointIO
 from ..checkpoints.last import ResumableModelCheckpoint
@@ -35,6 +35,7 @@ from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
 from .preemption import PreemptionCheckpoint
 from .preflight import preflight
+from .rundir import claim_run_dir, save_run_config
 from .summary import print_summary, summarize
 
 CALLBACKS: dict[str, type[pl.Callback]] = {
@@ -148,17 +149,26 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary."""
+    """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary.
+    The run directory is held by this run alone while it trains (``rundir.run_dir_lock``)."""
     check_config(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    with claim_run_dir(run_dir):
+        return fit(cfg, run_dir)
+
+
+def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Preflight, then train, test and summarise into ``run_dir``."""
     reuse_freed_memory()  # opt-in: no page faults on every large activation of every step
     pl.seed_everything(cfg.seed, workers=True)
-    run_dir = Path(cfg.paths.output_dir)
     resume_from = resolve_ckpt_path(cfg.ckpt_path, cfg.paths.log_dir, run_dir)
     if resume_from:
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
     preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
+    if rank_zero_only.rank == 0:
+        save_run_config(cfg, run_dir)
     loggers = build_loggers(cfg, resume_from)
     failed = True
     try:

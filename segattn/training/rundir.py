@@ -1,0 +1,114 @@
+"""One live run per run directory, and the composed config written into it only once the run owns it.
+
+A requeued job started while the old one still runs, or a copy-pasted command with the same
+``hydra.run.dir``, would otherwise train beside the first run and overwrite its config and checkpoints.
+The first run holds ``<run dir>/.lock`` (its pid, host and start time); a second one fails at once naming
+the holder. A lock whose pid no longer lives on this host (a killed run) is taken over; a lock from
+another host is left alone, because its process cannot be checked from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+LOCK = ".lock"
+
+
+class RunDirLockedError(FileExistsError):
+    """Another live run holds this run directory."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a zombie counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def read_holder(lock: Path) -> dict:
+    """The lock's holder record; an unreadable or half-written one reads as empty (treated as stale only
+    when its pid can be checked, so an empty record from another host still blocks)."""
+    try:
+        return json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def is_stale(holder: dict) -> bool:
+    """A holder on this host whose process is gone (a killed run)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    return not pid_alive(holder["pid"])
+
+
+def try_create(lock: Path, record: str) -> bool:
+    """Create the lock file with ``record`` if nobody has; False when it exists."""
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as handle:
+        handle.write(record)
+    return True
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold ``<run_dir>/.lock`` for the duration of the block; raise ``RunDirLockedError`` naming the file and
+    the holder's pid and host when a live run holds it. Creates ``run_dir`` if needed."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / LOCK
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+    if not try_create(lock, record):
+        holder = read_holder(lock)
+        if not is_stale(holder):
+            raise RunDirLockedError(
+                f"run dir {run_dir} is in use by another run: {lock} is held by pid {holder.get('pid', '?')} "
+                f"on host {holder.get('host', '?')}; wait for it to end, use another hydra.run.dir, or "
+                "delete the lock file if that run is gone"
+            )
+        lock.unlink(missing_ok=True)  # a killed run's lock: take it over
+        if not try_create(lock, record):  # another starter took it over first
+            holder = read_holder(lock)
+            raise RunDirLockedError(
+                f"run dir {run_dir} was just taken by pid {holder.get('pid', '?')} on host "
+                f"{holder.get('host', '?')} ({lock})"
+            )
+    try:
+        yield lock
+    finally:
+        if read_holder(lock).get("pid") == os.getpid():
+            lock.unlink(missing_ok=True)
+
+
+def claim_run_dir(run_dir: str | Path) -> contextlib.AbstractContextManager:
+    """The run-dir lock for the process of global rank zero; DDP ranks it started (or torchrun / SLURM
+    started beside it) share the directory and take no lock."""
+    return run_dir_lock(run_dir) if rank_zero_only.rank == 0 else contextlib.nullcontext()
+
+
+def save_run_config(cfg: DictConfig, run_dir: str | Path) -> None:
+    """Write ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` as Hydra would, but only once
+    the run owns its directory and its config passed every check (``hydra.output_subdir: null``)."""
+    folder = Path(run_dir) / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, folder / "config.yaml")
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
+        OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
