@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     reuse_freed_memory()  # as a training run with the same environment; memory children set their own
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:  # memory-fraction calls need an explicit index
+        device = torch.device("cuda", torch.cuda.current_device())
     if args.threads:
         torch.set_num_threads(args.threads)
     out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -2,7 +2,7 @@
 float64 CPU result (itself checked against the quadratic formula), fused and plain paths agree on the GPU,
 and bf16 autocast at 16k tokens stays finite and within the CPU test's tolerances.
 
-Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "What ran where").
+Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "On a GPU").
 """
 
 from __future__ import annotations

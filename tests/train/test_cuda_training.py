@@ -2,7 +2,7 @@
 logits, loss and parameter gradients, and a bf16-mixed Lightning run with validation and a test pass
 completes with finite scores and a checkpoint.
 
-Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "What ran where").
+Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "On a GPU").
 """
 
 from __future__ import annotations
