@@ -6,7 +6,9 @@ anything stored here must be tensors, numbers, strings, lists or dicts.
 
 from __future__ import annotations
 
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +17,48 @@ import torch
 from torch import nn
 
 LAST = "last.ckpt"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]:
     """A checkpoint's contents on the CPU, unpickled with ``weights_only=True``; tensors are memory-mapped,
-    so reading only the metadata of a large checkpoint stays cheap."""
+    so reading only the metadata of a large checkpoint stays cheap. ``key`` (``ckpt_path``, ``init_from``)
+    names the setting in errors: a missing, empty, truncated or foreign file, or one that is not a
+    Lightning checkpoint, fails with the path and what was expected."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        raise FileNotFoundError(f"{key}={path}: no such checkpoint file")
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    if head != ZIP_MAGIC:
+        what = "an empty file" if size == 0 else f"a file of {size} bytes starting with {head!r}"
+        raise ValueError(
+            f"{key}={path}: not a segattn/Lightning checkpoint: {what}; expected a torch.save zip archive "
+            "such as <run dir>/checkpoints/last.ckpt"
+        )
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{key}={path}: truncated checkpoint: {size} bytes, the end of the archive is missing (a copy or "
+            "transfer that stopped early?); copy it again or use another checkpoint of the run"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{key}={path}: refused to unpickle (weights_only=True allows only tensors and plain data): "
+            + " ".join(str(error).split())
+        ) from None
+    except RuntimeError as error:
+        raise ValueError(
+            f"{key}={path}: unreadable checkpoint: {' '.join(str(error).split())[:300]}"
+        ) from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(
+            f"{key}={path}: not a segattn/Lightning checkpoint: no 'state_dict' entry "
+            f"(found {type(checkpoint).__name__}); expected a checkpoint written by train.py"
+        )
+    return checkpoint
 
 
 def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
@@ -77,9 +112,7 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> 
     Tensors whose shape differs (e.g. a head for another number of classes) are skipped. Returns the
     ``loaded``, ``skipped``, ``missing`` and ``unexpected`` key names.
     """
-    state = read_checkpoint(path).get("state_dict")
-    if state is None:
-        raise ValueError(f"init_from={path}: not a Lightning checkpoint (no 'state_dict')")
+    state = read_checkpoint(path, "init_from")["state_dict"]
     weights = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
     own = model.state_dict()
     skipped = sorted(key for key, value in weights.items() if key in own and own[key].shape != value.shape)

@@ -21,6 +21,7 @@ from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 from ..checkpoints.atomic import AtomicCheckpointIO
+from ..checkpoints.compat import check_resumable, describe_init_differences
 from ..checkpoints.last import ResumableModelCheckpoint
 from ..checkpoints.resume import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
 from ..config import check_config
@@ -95,9 +96,11 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
     )
     if cfg.init_from:
         report = load_weights(model, cfg.init_from)
+        differences = describe_init_differences(read_checkpoint(cfg.init_from, "init_from"), model.config)
         rank_zero_info(
-            f"init_from={cfg.init_from}: loaded {len(report['loaded'])} tensors; skipped (shape) "
-            f"{report['skipped']}; missing {report['missing']}; unexpected {report['unexpected']}"
+            f"init_from={cfg.init_from}: {differences}loaded {len(report['loaded'])} tensors; "
+            f"skipped (shape) {report['skipped']}; missing {report['missing']}; "
+            f"unexpected {report['unexpected']}"
         )
     data_info = {
         "name": cfg.data.name,
@@ -133,7 +136,7 @@ def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
 def build_loggers(cfg: DictConfig, resume_from: Path | None) -> list[Logger]:
     """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint."""
     extra: dict[str, dict[str, Any]] = {}
-    run_id = wandb_run_id(read_checkpoint(resume_from)) if resume_from else None
+    run_id = wandb_run_id(read_checkpoint(resume_from, "ckpt_path")) if resume_from else None
     if run_id:
         extra["wandb"] = {"id": run_id, "resume": "allow"}
         rank_zero_info(f"W&B: continuing run {run_id} from {resume_from}")
@@ -166,6 +169,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
+    if resume_from:  # the same architecture, or one line naming each difference
+        check_resumable(read_checkpoint(resume_from, "ckpt_path"), module.model.config, resume_from)
     preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)

@@ -69,8 +69,10 @@ def try_create(lock: Path, record: str) -> bool:
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
     """Hold ``<run_dir>/.lock`` for the duration of the block; raise ``RunDirLockedError`` naming the file and
-    the holder's pid and host when a live run holds it. Creates ``run_dir`` if needed."""
+    the holder's pid and host when a live run holds it. Creates ``run_dir`` if needed, and removes it again
+    if the run leaves it empty (it failed its checks)."""
     run_dir = Path(run_dir)
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / LOCK
     record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
@@ -94,6 +96,8 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
     finally:
         if read_holder(lock).get("pid") == os.getpid():
             lock.unlink(missing_ok=True)
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
 
 
 def claim_run_dir(run_dir: str | Path) -> contextlib.AbstractContextManager:

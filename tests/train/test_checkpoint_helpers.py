@@ -77,7 +77,7 @@ def test_checkpoints_are_read_without_unpickling_code(tmp_path):
 
 def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
     path = tmp_path / "rng.ckpt"
-    torch.save({"rng_states": rng_state()}, path)
+    torch.save({"state_dict": {}, "rng_states": rng_state()}, path)
     expected = (torch.rand(3), np.random.rand(3), random.random())
     restore_rng_state(read_checkpoint(path)["rng_states"])
     again = (torch.rand(3), np.random.rand(3), random.random())
