@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
 from .preemption import PreemptionCheckpoint
 from .preflight import preflight
+from .progress_log import ProgressLog
 from .rundir import claim_run_dir, save_run_config
 from .summary import print_summary, summarize
 
@@ -46,6 +48,7 @@ CALLBACKS: dict[str, type[pl.Callback]] = {
     "rich_model_summary": RichModelSummary,
     "wandb_panel": WandbValidationPanel,
     "nonfinite_guard": NonFiniteGuard,
+    "progress_log": ProgressLog,  # a line per log_every_n_steps and per validation (stdout, train.log)
     "preemption": PreemptionCheckpoint,  # SIGTERM / SIGUSR1: step-exact last.ckpt, exit 128 + signal
 }
 LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
@@ -144,9 +147,15 @@ def build_loggers(cfg: DictConfig, resume_from: Path | None) -> list[Logger]:
 
 
 def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
+    """The Trainer; without a terminal (nohup, a scheduler) there is no progress bar, whose redraws would
+    fill the log file: the ``progress_log`` lines say the same."""
     kwargs = plain(cfg.trainer)
     kwargs["strategy"] = build_strategy(kwargs.get("strategy", "auto"))
-    callbacks = build_from_registry("callbacks", CALLBACKS, plain(cfg.callbacks))
+    specs = plain(cfg.callbacks)
+    if not sys.stdout.isatty():
+        specs.pop("rich_progress_bar", None)
+        kwargs.setdefault("enable_progress_bar", False)
+    callbacks = build_from_registry("callbacks", CALLBACKS, specs)
     plugins = [AtomicCheckpointIO()]  # checkpoints are written to a temp file, fsync'ed, then renamed
     return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks, plugins=plugins)
 

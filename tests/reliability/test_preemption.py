@@ -1,7 +1,8 @@
 """A job with a fixed run directory is preempted (SIGTERM) in the middle of an epoch, then started again
 with the very same command (``ckpt_path=auto``), as a scheduler requeues it: the first run leaves a
 step-exact last.ckpt and exits 143, the second continues at the next step and ends with exactly the
-weights of an uninterrupted run."""
+weights of an uninterrupted run. The uninterrupted run, with stdout sent to a file (``> log.txt``), shows
+the progress lines a run without a terminal writes to stdout and train.log."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ RUN = [
     "logger=none",
     "test_after_fit=false",
     "ckpt_path=auto",
+    "trainer.log_every_n_steps=2",
 ]
 SIGTERM_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGTERM"]
 
@@ -45,14 +47,11 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
     logs, reference = tmp_path / "logs", tmp_path / "reference"
     logs.mkdir()
     reference.mkdir()
-    straight = subprocess.Popen(
-        train_command(reference, *RUN, run="straight"),
-        cwd=tmp_path,
-        env=train_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log_txt = tmp_path / "log.txt"
+    with log_txt.open("w") as stdout:  # not a terminal: no progress bar, plain progress lines
+        straight = subprocess.Popen(
+            train_command(reference, *RUN, run="straight"), cwd=tmp_path, env=train_env(), stdout=stdout
+        )
     job = [*RUN, *SIGTERM_AT_STEP_5]  # a requeue re-runs this exact command
     preempted = run_train(logs, *job, run="job42")
     assert preempted.returncode == 128 + signal.SIGTERM, preempted.stdout[-3000:] + preempted.stderr[-3000:]
@@ -65,7 +64,11 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
     resumed = run_train(logs, *job, run="job42")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming from {last}" in resumed.stdout + resumed.stderr
-    assert straight.wait(timeout=180) == 0, straight.communicate()[0][-3000:]
+    assert straight.wait(timeout=180) == 0, log_txt.read_text()[-3000:]
+    for text in (log_txt.read_text(), (reference / "straight" / "train.log").read_text()):
+        assert "[segattn.train][INFO] - epoch 1/2 step 2/8 loss " in text
+        assert "[segattn.train][INFO] - epoch 2/2 step 8/8 loss " in text and " img/s ETA " in text
+        assert "[segattn.train][INFO] - epoch 2/2 step 8 val mIoU " in text
 
     final, expected = load(last), load(reference / "straight" / "checkpoints" / "last.ckpt")
     assert (final["epoch"], final["global_step"]) == (expected["epoch"], expected["global_step"]) == (1, 8)
