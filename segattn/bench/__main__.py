@@ -1,5 +1,6 @@
-"""``python -m segattn.bench {op,model,maxres,accuracy,all} [--smoke] [--out DIR]``: see ``--help`` of each
-part (``all`` runs op, model and maxres; ``accuracy`` trains and is run on its own).
+"""``python -m segattn.bench {op,model,maxres,accuracy,raster,all} [--smoke] [--out DIR]``: see ``--help``
+of each part (``all`` runs op, model and maxres; ``accuracy`` trains and ``raster`` streams a generated
+20k² GeoTIFF through predict, each run on its own).
 
 Defaults depend on the device (CPU grids are smaller); ``--smoke`` shrinks everything to seconds for CI.
 Results go to ``bench_results/<timestamp>/`` (git-ignored) unless ``--out`` is given.
@@ -39,6 +40,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "smoke": {"start": 64, "step": 32, "max_size": 64, "budget_gib": 2.0, "probe_timeout": 120.0},
         "cpu": {"start": 512, "step": 128, "max_size": 8192, "budget_gib": None, "probe_timeout": 900.0},
         "cuda": {"start": 1024, "step": 128, "max_size": 16384, "budget_gib": None, "probe_timeout": 600.0},
+    },
+    "raster": {
+        "smoke": {"size": 1024, "crop": 256},
+        "cpu": {"size": 20000, "crop": 1024},
+        "cuda": {"size": 20000, "crop": 1024},  # predict streams on the CPU either way
     },
     "accuracy": {
         "smoke": {"experiment": "accuracy_smoke", "seeds": [0], "repeats": 1, "budget_gib": 1.0}
@@ -143,6 +149,21 @@ def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) 
     run(settings, device, out_dir)
 
 
+def run_raster(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+    from .raster import run, settings_from
+
+    run(settings_from(preset(args, "raster", device)), out_dir)
+
+
+def add_raster_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("raster")
+    group.add_argument("--size", type=int, help="side of the generated square GeoTIFF (default 20000)")
+    group.add_argument("--crop", type=int, help="slide window side (default 1024)")
+    group.add_argument("--stride", type=int, help="slide stride (default half the window)")
+    group.add_argument("--crop-batch-size", type=int, help="windows per forward pass (default 2)")
+    group.add_argument("--classes", type=int, help="classes of the tiny model (default 3)")
+
+
 def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("accuracy")
     group.add_argument("--experiment", help="conf/experiment/<name> every run trains with")
@@ -234,6 +255,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "accuracy", parents=[common], help="test mIoU vs training cost: trains every variant (resumable)"
         )
     )
+    add_raster_options(
+        parts.add_parser(
+            "raster", parents=[common], help="streaming predict of a generated GeoTIFF: peak RSS, windows/s"
+        )
+    )
     parts.add_parser("all", parents=[common], help="op, model and maxres with their defaults")
     return parser.parse_args(argv)
 
@@ -249,7 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     report.write_environment(out_dir, report.environment(device))
-    runners = {"op": run_op, "model": run_model, "maxres": run_maxres, "accuracy": run_accuracy}
+    runners = {
+        "op": run_op,
+        "model": run_model,
+        "maxres": run_maxres,
+        "accuracy": run_accuracy,
+        "raster": run_raster,
+    }
     for part in ["op", "model", "maxres"] if args.part == "all" else [args.part]:
         runners[part](args, device, out_dir)
     report.console.print(f"[bold]results:[/] {out_dir}")

@@ -2,8 +2,10 @@
 
 The windows, their batches (``slide_batches``), the overlap averaging and flip TTA are those of
 ``infer``; only the bookkeeping differs. Logit sums are kept for the rows between the first row not yet
-returned and the bottom of the latest window, so memory grows with the window, the batch and the image
-width, never with the image height. Rows above the next window's top are final and leave as a strip.
+returned and the bottom of the window being added, so memory grows with the window, the batch and the
+image width, never with the image height. Rows above the next window's top are final and leave as a
+strip. Every pixel receives the same additions in the same order as in ``infer_slide``, so the logits are
+equal bit for bit, not just close.
 """
 
 from __future__ import annotations
@@ -51,10 +53,16 @@ def view_strips(
 ) -> Iterator[Tensor]:
     """Averaged logits [K, rows, W] of rows [start_row, H) in strips of ``strip_rows`` (the last shorter)
     for one view: the image, or its mirror (``flip``: windows tile the mirrored image, as in ``infer``,
-    and each strip is un-mirrored before it leaves). ``on_batch(n)`` is told of every n windows run."""
+    and each strip is un-mirrored before it leaves). ``on_batch(n)`` is told of every n windows run.
+
+    Sums live in blocks of ``strip_rows`` rows from the first row not yet returned down to the bottom of
+    the window being added; a block leaves as soon as a window starts below it. At most
+    ``strip_rows + crop[0]`` rows are held, whatever the batch straddles.
+    """
     height, width = size
     windows = slide_windows(height, width, crop, stride)
     jobs: list[Job] = [(0, window) for window in windows]
+    base, blocks = start_row, []  # blocks[j] holds rows base + j * strip_rows onwards
 
     def crops_of(chunk: list[Job]) -> Tensor:
         if not flip:
@@ -62,29 +70,38 @@ def view_strips(
         mirrored = [(top, bottom, width - right, width - left) for _, (top, bottom, left, right) in chunk]
         return torch.stack([read(window).flip(-1) for window in mirrored])
 
-    base, sums = start_row, torch.zeros((num_classes, 0, width))  # sums[:, r] holds row base + r
+    def new_block() -> Tensor:
+        top = base + len(blocks) * strip_rows
+        return torch.zeros((num_classes, min(strip_rows, height - top), width))
 
-    def take(rows: int) -> Tensor:
-        nonlocal base, sums
-        strip = sums[:, :rows] / strip_count(windows, base, base + rows, width)
-        base, sums = base + rows, sums[:, rows:]
-        return strip.flip(-1) if flip else strip
+    def strips_above(final: int) -> Iterator[Tensor]:
+        """Whole strips above row ``final`` (the next window's top); at ``final == H``, all that is left."""
+        nonlocal base
+        while base < final and (final - base >= strip_rows or final == height):
+            block = blocks.pop(0) if blocks else new_block()
+            rows = block.shape[1]
+            block /= strip_count(windows, base, base + rows, width)  # in place: no second strip in memory
+            base += rows
+            yield block.flip(-1) if flip else block
 
-    done = first_job(windows, start_row, crop_batch_size)
-    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, crop_batch_size, done):
-        reach = max(bottom for _, (_, bottom, _, _) in chunk) - base
-        if reach > sums.shape[1]:
-            sums = torch.cat([sums, sums.new_zeros((num_classes, reach - sums.shape[1], width))], dim=1)
-        for crop_logits, (_, (top, bottom, left, right)) in zip(out, chunk, strict=True):
-            if bottom > base:  # a resumed stream's first batch may end above start_row
-                skip = max(0, base - top)
-                sums[:, top + skip - base : bottom - base, left:right] += crop_logits[:, skip:]
+    def add(window: Window, logits: Tensor) -> None:
+        top, bottom, left, right = window
+        while base + len(blocks) * strip_rows < bottom:
+            blocks.append(new_block())
+        for index, block in enumerate(blocks):
+            block_top = base + index * strip_rows
+            low, high = max(top, block_top), min(bottom, block_top + block.shape[1])
+            if low < high:  # rows above start_row (a resumed stream's first batch) have no block
+                block[:, low - block_top : high - block_top, left:right] += logits[:, low - top : high - top]
+
+    start = first_job(windows, start_row, crop_batch_size)
+    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, crop_batch_size, start):
+        for crop_logits, (_, window) in zip(out, chunk, strict=True):
+            yield from strips_above(window[0])  # windows come row-major: rows above this top are final
+            add(window, crop_logits)
         if on_batch is not None:
             on_batch(len(chunk))
-        done += len(chunk)
-        final = windows[done][0] if done < len(windows) else height  # rows above the next top are final
-        while final - base >= strip_rows or (final == height and base < height):
-            yield take(min(strip_rows, height - base))
+    yield from strips_above(height)
 
 
 def slide_strips(
