@@ -10,6 +10,7 @@ from .ade20k import ADE20KLayout
 from .base import DataSource, SegDatasetBase, Transform
 from .cityscapes import CityscapesLayout
 from .folder import CamVidLayout, FolderLayout
+from .raster import RasterLayout
 from .synthetic import SyntheticSource
 from .voc import VOCLayout
 
@@ -20,6 +21,7 @@ DATASET_REGISTRY: dict[str, type[DataSource]] = {
     "ade20k": ADE20KLayout,
     "cityscapes": CityscapesLayout,
     "voc": VOCLayout,
+    "raster": RasterLayout,
 }
 
 

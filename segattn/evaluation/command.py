@@ -22,9 +22,11 @@ from ..config import check_validation, config_dir
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.errors import DataError
+from ..data.raster import RasterLayout
 from . import report
 from .metrics import SegmentationMetric
-from .predictors import load_predictor
+from .predictors import Predictor, load_predictor
+from .rasters import score_rasters
 
 
 def data_config(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
@@ -93,26 +95,23 @@ def to_rgb(image: torch.Tensor, mean: list[float], std: list[float]) -> np.ndarr
     return (rgb * 255).clip(0, 255).round().astype(np.uint8)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
-    check_validation(cfg.validation)
-    inference = OmegaConf.to_container(cfg.validation, resolve=True)
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    predict, info = load_predictor(Path(str(cfg.checkpoint)), inference, int(cfg.threads))
-    data = data_config(cfg, info)
-    datamodule = SegDataModule(**data)
-    check_classes(datamodule, info, cfg)
-    loader = build_loader(datamodule, str(cfg.split), data)
-    metric = SegmentationMetric(info["num_classes"], datamodule.ignore_index)
+def score_loader(
+    predict: Predictor,
+    loader: DataLoader,
+    metric: SegmentationMetric,
+    info: dict[str, Any],
+    num_examples: int,
+    split: str,
+) -> list[dict[str, Any]]:
+    """Add every batch of ``loader`` to ``metric``; returns the first ``num_examples`` images as examples."""
     examples: list[dict[str, Any]] = []
     with Progress(transient=False) as bar:
-        task = bar.add_task(f"evaluating {cfg.split}", total=len(loader.dataset))
+        task = bar.add_task(f"evaluating {split}", total=len(loader.dataset))
         for batch in loader:
             preds = predict(batch["image"])
             metric.update(preds, batch["mask"])
             for index in range(len(preds)):
-                if len(examples) < int(cfg.num_examples):
+                if len(examples) < num_examples:
                     examples.append(
                         {
                             "name": Path(str(batch["path"][index])).name,
@@ -122,6 +121,32 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                         }
                     )
             bar.advance(task, len(preds))
+    return examples
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
+    check_validation(cfg.validation)
+    inference = OmegaConf.to_container(cfg.validation, resolve=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    predict, info, model = load_predictor(Path(str(cfg.checkpoint)), inference, int(cfg.threads))
+    data = data_config(cfg, info)
+    datamodule = SegDataModule(**data)
+    check_classes(datamodule, info, cfg)
+    metric = SegmentationMetric(info["num_classes"], datamodule.ignore_index)
+    examples: list[dict[str, Any]] = []
+    if isinstance(datamodule.source, RasterLayout):
+        with Progress(transient=False) as bar:
+            task = bar.add_task(f"evaluating {cfg.split} (rasters, strip by strip)", total=None)
+            images = score_rasters(
+                model, info, datamodule.source, str(cfg.split), inference, metric,
+                lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
+            )  # fmt: skip
+    else:
+        loader = build_loader(datamodule, str(cfg.split), data)
+        images = len(loader.dataset)
+        examples = score_loader(predict, loader, metric, info, int(cfg.num_examples), str(cfg.split))
     confusion = metric.confusion.numpy()
     record = report.scores_record(metric.compute(), confusion, datamodule.classes)
     out_dir = Path(cfg.paths.output_dir)
@@ -133,14 +158,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "dataset": datamodule.name,
         "root": None if data.get("root") is None else str(data["root"]),
         "split": str(cfg.split),
-        "images": len(loader.dataset),
+        "images": images,
         "inference": inference,
         **record,
         "confusion": confusion.tolist(),
     }
     report.write_json(payload, out_dir / "metrics.json")
     report.write_per_class_csv(record, out_dir / "per_class.csv")
-    title = f"{datamodule.name} {cfg.split}, {len(loader.dataset)} images, {mode}"
+    title = f"{datamodule.name} {cfg.split}, {images} images, {mode}"
     report.plot_confusion(confusion, datamodule.classes, out_dir / "confusion.png", title)
     if examples:
         report.plot_examples(examples, [tuple(c) for c in info["palette"]], out_dir / "examples.png")

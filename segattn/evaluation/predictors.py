@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 
 from ..checkpoints.loading import load_model
 from ..inference.infer import infer
@@ -21,14 +22,14 @@ from ..inference.onnx import is_onnx
 Predictor = Callable[[Tensor], Tensor]
 
 
-def torch_predictor(path: Path, inference: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
-    model, info = load_model(path)
+def torch_predictor(model: Module, info: dict[str, Any], inference: dict[str, Any]) -> Predictor:
+    """``infer`` with the validation settings, argmax over classes, without autograd."""
 
     def predict(images: Tensor) -> Tensor:
         with torch.inference_mode():
             return infer(model, images, info["num_classes"], **inference).argmax(dim=1)
 
-    return predict, info
+    return predict
 
 
 def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple[Predictor, dict[str, Any]]:
@@ -62,13 +63,15 @@ def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple
 
 def load_predictor(
     path: Path, inference: dict[str, Any], threads: int = 0
-) -> tuple[Predictor, dict[str, Any]]:
-    """(predict, info) for a checkpoint, an exported directory or an ONNX model; info as ``load_model``'s."""
+) -> tuple[Predictor, dict[str, Any], Module | None]:
+    """(predict, info, model) for a checkpoint, an exported directory or an ONNX model; info as
+    ``load_model``'s; model is the torch module (None for ONNX), which streamed rasters run directly."""
     if not path.exists():
         raise FileNotFoundError(
             f"checkpoint={path}: no such file or directory; expected a train.py .ckpt, an exported "
             "safetensors directory or a model.onnx"
         )
     if is_onnx(path):
-        return onnx_predictor(path, inference, threads)
-    return torch_predictor(path, inference)
+        return (*onnx_predictor(path, inference, threads), None)
+    model, info = load_model(path)
+    return torch_predictor(model, info, inference), info, model

@@ -88,6 +88,15 @@ def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> N
     fsync_replace(temp, files["progress"])
 
 
+def normalized_reader(image: RasterImage, info: dict[str, Any]) -> Callable[[Window], Tensor]:
+    """Windows of ``image`` as the model takes them: float32 [3, h, w], normalised by ``info``'s mean/std."""
+
+    def read(window: Window) -> Tensor:
+        return torch.from_numpy(normalize(image.read(window), info["mean"], info["std"])[0])
+
+    return read
+
+
 def predict_raster(
     model: Callable[[Tensor], Tensor],
     info: dict[str, Any],
@@ -116,9 +125,6 @@ def predict_raster(
             views = 2 if settings.flip else 1
             total, done = len(windows) * views, first_job(windows, start, settings.crop_batch_size) * views
 
-            def read(window: Window) -> Tensor:
-                return torch.from_numpy(normalize(image.read(window), info["mean"], info["std"])[0])
-
             def counted(n: int) -> None:
                 nonlocal done
                 done += n
@@ -127,7 +133,7 @@ def predict_raster(
 
             strips = slide_strips(
                 model,
-                read,
+                normalized_reader(image, info),
                 image.size,
                 info["num_classes"],
                 settings.crop,
@@ -154,4 +160,4 @@ def predict_raster(
     return files["mask"]
 
 
-__all__ = ["OVERVIEW_SIDE", "SlideSettings", "outputs", "predict_raster"]
+__all__ = ["OVERVIEW_SIDE", "SlideSettings", "normalized_reader", "outputs", "predict_raster"]

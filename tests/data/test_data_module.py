@@ -77,7 +77,7 @@ def test_synthetic_default_config_runs_end_to_end():
 @pytest.mark.parametrize("config", sorted(p.stem for p in CONF_DATA.glob("*.yaml")))
 def test_every_data_config_builds_a_datamodule(tmp_path, config):
     overrides = [f"data={config}", f"data.root={tmp_path}"] if config != "synthetic" else []
-    if config == "folder":
+    if config in ("folder", "raster"):  # both read their classes from the root's classes.json
         make_folder(tmp_path)
         overrides.append("data.num_classes=3")
     kwargs = compose_data_config(overrides)

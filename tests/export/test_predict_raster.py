@@ -11,8 +11,8 @@ import rasterio
 import torch
 from export_fixtures import PALETTE, tiny_info, tiny_model
 from PIL import Image
+from raster_fixtures import CRS_UTM, TRANSFORM, read_band, scene, write_geotiff
 from rasterio.crs import CRS
-from rasterio.transform import from_origin
 
 from segattn.checkpoints.loading import load_model, save_exported
 from segattn.inference.image_io import normalize
@@ -23,29 +23,8 @@ from segattn.predict import main
 
 SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows
 SMALL_SIZE = (700, 1100)
-CRS_UTM = CRS.from_epsg(32633)
-TRANSFORM = from_origin(500000.0, 4650000.0, 0.5, 0.5)
 SETTINGS = SlideSettings(crop=(512, 640), stride=(384, 480), crop_batch_size=3)
 SMALL = SlideSettings(crop=(64, 64), stride=(64, 64))
-
-
-def write_geotiff(path: Path, bands: np.ndarray, crs: CRS | None = CRS_UTM, **profile) -> Path:
-    """bands [C, H, W] as a tiled, deflate-compressed GeoTIFF on the test grid."""
-    count, height, width = bands.shape
-    with rasterio.open(
-        path, "w", driver="GTiff", height=height, width=width, count=count, dtype=bands.dtype, crs=crs,
-        transform=TRANSFORM, tiled=True, blockxsize=256, blockysize=256, compress="deflate", **profile,
-    ) as dataset:  # fmt: skip
-        dataset.write(bands)
-    return path
-
-
-def scene(size: tuple[int, int]) -> np.ndarray:
-    """uint8 [3, H, W]: smooth gradients with noise, so the tiny model's classes vary over the image."""
-    rng = np.random.default_rng(0)
-    rows, cols = np.mgrid[0 : size[0], 0 : size[1]]
-    smooth = np.stack([rows * 255 // size[0], cols * 255 // size[1], (rows + cols) % 256])
-    return np.clip(smooth + rng.integers(-40, 40, (3, *size)), 0, 255).astype(np.uint8)
 
 
 def slide_mask(model, rgb: np.ndarray, settings: SlideSettings, info) -> np.ndarray:
@@ -76,11 +55,6 @@ def raster(tmp_path_factory) -> Path:
 def small_raster(tmp_path_factory) -> Path:
     """Three strips (256, 256 and 188 rows): enough to stop after two."""
     return write_geotiff(tmp_path_factory.mktemp("raster") / "small.tif", scene(SMALL_SIZE))
-
-
-def read_mask(path: Path) -> np.ndarray:
-    with rasterio.open(path) as dataset:
-        return dataset.read(1)
 
 
 def test_cli_streams_a_geotiff_to_the_in_memory_slide_mask_with_its_georeferencing(
@@ -122,9 +96,9 @@ def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(
     assert not files["mask"].exists() and files["partial"].exists()
     predict_raster(model, info, raster, out, settings, on_windows=lambda done, total: seen.append(done))
     assert seen[0] == 2 * 12 + 3  # began at the first window below row 512 (12 above it, two views)
-    np.testing.assert_array_equal(read_mask(files["mask"]), read_mask(whole))
+    np.testing.assert_array_equal(read_band(files["mask"]), read_band(whole))
     rgb = scene(SMALL_SIZE).transpose(1, 2, 0)  # flip TTA streamed is flip TTA in memory
-    np.testing.assert_array_equal(read_mask(whole), slide_mask(model, rgb, settings, info))
+    np.testing.assert_array_equal(read_band(whole), slide_mask(model, rgb, settings, info))
 
 
 def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path):

@@ -1,0 +1,90 @@
+"""Score a ``data=raster`` split: each whole raster predicted strip by strip, counted strip by strip.
+
+The prediction of a strip is exactly what ``segattn.predict`` streams into its mask (``slide_strips``,
+the windows and TTA of ``infer(mode="slide")``); its label rows are read by window and added to the
+confusion matrix before the next strip is inferred, so memory follows the window and the raster width,
+not its area, as in streaming prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data.raster import RasterLayout, read_labels
+from ..inference.raster import BLOCK, RasterImage, describe_window, raster_env
+from ..inference.raster_predict import SlideSettings, normalized_reader
+from ..inference.strips import slide_strips
+from ..inference.tiling import default_stride
+from .metrics import SegmentationMetric
+
+
+def raster_settings(inference: dict[str, Any]) -> SlideSettings:
+    """The validation group as slide settings; ValueError naming the key when a raster cannot stream."""
+    if inference.get("mode") != "slide" or not inference.get("crop_size"):
+        raise ValueError(
+            f"validation.mode={inference.get('mode')!r}: data=raster scores whole rasters strip by strip; "
+            "set validation.mode=slide validation.crop_size=[H,W]"
+        )
+    if list(inference.get("scales") or [1.0]) != [1.0]:
+        raise ValueError(
+            f"validation.scales={list(inference['scales'])}: rasters stream with flip TTA only; "
+            "set validation.scales=[1.0]"
+        )
+    crop = (int(inference["crop_size"][0]), int(inference["crop_size"][-1]))
+    stride = inference.get("stride")
+    step = default_stride(crop) if not stride else (int(stride[0]), int(stride[-1]))
+    return SlideSettings(crop, step, int(inference.get("crop_batch_size", 4)), bool(inference.get("flip")))
+
+
+def score_rasters(
+    model: Callable[[Tensor], Tensor] | None,
+    info: dict[str, Any],
+    source: RasterLayout,
+    split: str,
+    inference: dict[str, Any],
+    metric: SegmentationMetric,
+    on_raster: Callable[[str], None] | None = None,
+) -> int:
+    """Add every raster of ``split`` to ``metric``; returns how many rasters were scored."""
+    if model is None:
+        raise ValueError(
+            f"checkpoint={info.get('path')}: data=raster streams through torch; evaluate the checkpoint "
+            "or its safetensors export instead of the ONNX model"
+        )
+    settings = raster_settings(inference)
+    samples = source.samples(split)
+    if not samples:
+        raise ValueError(f"split={split!r} of dataset 'raster' at {source.root} has no rasters")
+    for sample in samples:
+        if on_raster is not None:
+            on_raster(sample.image.name)
+        with raster_env(), torch.inference_mode():
+            image = RasterImage(sample.image)
+            try:
+                row, width = 0, image.size[1]
+                for logits in slide_strips(
+                    model,
+                    normalized_reader(image, info),
+                    image.size,
+                    info["num_classes"],
+                    settings.crop,
+                    settings.stride,
+                    settings.crop_batch_size,
+                    settings.flip,
+                    BLOCK,
+                ):
+                    window = (row, row + logits.shape[1], 0, width)
+                    where = f"{sample.mask} at {describe_window(window)}"
+                    labels = sample.decoder(read_labels(sample.mask, window), where)
+                    metric.update(logits.argmax(dim=0), torch.from_numpy(labels))
+                    row = window[1]
+            finally:
+                image.close()
+    return len(samples)
+
+
+__all__ = ["raster_settings", "score_rasters"]
