@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import config_dir, register_resolvers
+from .config import check_values, config_dir, register_resolvers
 
 CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
 
@@ -75,8 +75,9 @@ def run_command(
     argv: Sequence[str] | None = None,
     groups: Sequence[str] = (),
 ) -> int:
-    """Compose, print ``--help`` or check required keys, then ``run(cfg)``; returns the exit status.
-    A bad override or a missing required key is one line on stderr and status 2."""
+    """Compose, print ``--help`` or check the values (``config.check_values``), then ``run(cfg)``; returns
+    the exit status. A bad override, a missing required key or a bad value is one line on stderr and
+    status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = any(arg in ("--help", "-h") for arg in argv)
     try:
@@ -84,9 +85,7 @@ def run_command(
         if wants_help:
             print(help_text(config_name, cfg, groups))
             return 0
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise ValueError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
+        check_values(cfg)
     except (*CONFIG_ERRORS, ValueError) as error:
         print(f"{name}: {one_line(error)}", file=sys.stderr)
         return 2
@@ -97,24 +96,31 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``. Errors a user can fix
     (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data; ``FileExistsError``: a run
     dir another run holds) are one line on stderr and status 1, and the run dir Hydra made for the job is
-    removed while it is still empty;
+    removed, with the parents it made under ``paths.log_dir``, while they are still empty;
     ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
         try:
+            check_values(cfg)
             return run(cfg)
         except (ValueError, FileNotFoundError, FileExistsError) as error:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            run_dir = Path(cfg.paths.output_dir)
-            if run_dir.is_dir() and not any(run_dir.iterdir()):
-                run_dir.rmdir()
+            remove_empty_run_dir(Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
             print(f"{Path(sys.argv[0]).name}: {error}", file=sys.stderr)
             sys.exit(1)
 
     register_resolvers()
     return main
+
+
+def remove_empty_run_dir(run_dir: Path, log_dir: Path) -> None:
+    """Remove ``run_dir`` and its parents below ``log_dir`` (``runs/``, ``multiruns/<time>/``) while empty."""
+    for folder in (run_dir, *run_dir.parents):
+        if folder == log_dir or log_dir not in folder.parents or not folder.is_dir() or any(folder.iterdir()):
+            return
+        folder.rmdir()
 
 
 def train_run(cfg: DictConfig) -> float | None:

@@ -1,14 +1,33 @@
 """Config plumbing for every command: where ``conf/`` is, the ``repo_root`` resolver, and the checks a
-config must pass before anything starts (builders check their own arguments; these span groups)."""
+config must pass before anything starts: the types and ranges of the values users set (``VALUE_RULES``),
+required keys and paths, and settings that span groups. Builders check their own arguments (model and
+attention options, dataset names); what is checked here fails before any run dir content, logger or
+trainer exists, with one line per bad key naming the key, the value and what was expected."""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from .inference.tiling import MODES
+
+PRECISIONS = (
+    "64-true",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
 
 
 def source_checkout() -> Path | None:
@@ -36,8 +55,155 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("repo_root", repo_root)
 
 
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda value: is_int(value) and value >= low
+
+
+def positive_size(value: Any) -> bool:
+    """A side or an [H, W] pair of positive integers."""
+    sides = value if isinstance(value, list) else [value]
+    return len(sides) in (1, 2) and all(is_int(side) and side > 0 for side in sides)
+
+
+def batch_limit(value: Any) -> bool:
+    """Lightning's ``limit_*_batches``: null, a batch count, or a fraction in [0, 1]."""
+    return value is None or (is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1)
+
+
+# key: (what is expected, check). A key absent from the composed config (another command) is skipped.
+VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "seed": ("an integer", is_int),
+    "trainer.max_epochs": (
+        "an integer >= -1 (-1: no limit) or null",
+        lambda v: v is None or int_at_least(-1)(v),
+    ),
+    "trainer.max_steps": ("an integer >= -1 (-1: no limit)", int_at_least(-1)),
+    "trainer.devices": (
+        "a count >= 1, -1 (all), a list of device ids or 'auto'",
+        lambda v: (
+            int_at_least(1)(v)
+            or v == -1
+            or v == "auto"
+            or (isinstance(v, list) and all(is_int(i) for i in v))
+            or (isinstance(v, str) and v.replace(",", "").isdigit())
+        ),
+    ),
+    "trainer.precision": (f"one of {', '.join(PRECISIONS)}", lambda v: str(v) in PRECISIONS),
+    "trainer.log_every_n_steps": ("an integer >= 1", int_at_least(1)),
+    "trainer.accumulate_grad_batches": ("an integer >= 1", int_at_least(1)),
+    "trainer.check_val_every_n_epoch": ("an integer >= 1 or null", lambda v: v is None or int_at_least(1)(v)),
+    "trainer.num_sanity_val_steps": ("an integer >= -1 (-1: all)", int_at_least(-1)),
+    "trainer.gradient_clip_val": ("a number >= 0 or null", lambda v: v is None or (is_number(v) and v >= 0)),
+    "trainer.limit_train_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
+    "trainer.limit_val_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
+    "trainer.deterministic": ("true, false or 'warn'", lambda v: isinstance(v, bool) or v == "warn"),
+    "data.batch_size": ("an integer >= 1", int_at_least(1)),
+    "data.val_batch_size": ("an integer >= 1", int_at_least(1)),
+    "data.num_workers": ("an integer >= 0", int_at_least(0)),
+    "data.crop_size": ("a positive size: H or [H, W] in pixels", positive_size),
+    "data.image_size": ("a positive size: H or [H, W] in pixels", positive_size),
+    "data.ratio_range": (
+        "[low, high] with 0 < low <= high",
+        lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and 0 < v[0] <= v[1],
+    ),
+    "data.hflip": ("a probability in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+    "data.mean": (
+        "3 numbers (RGB, 0..1 scale)",
+        lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) for x in v),
+    ),
+    "data.std": (
+        "3 positive numbers (RGB, 0..1 scale)",
+        lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and x > 0 for x in v),
+    ),
+    "optimizer.lr": ("a number >= 0", lambda v: is_number(v) and v >= 0),
+    "optimizer.weight_decay": ("a number >= 0", lambda v: is_number(v) and v >= 0),
+    "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
+    "validation.crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "validation.scales": (
+        "a non-empty list of numbers > 0",
+        lambda v: isinstance(v, list) and bool(v) and all(is_number(x) and x > 0 for x in v),
+    ),
+    "num_examples": ("an integer >= 0", int_at_least(0)),
+    "crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+    "opset": ("an ONNX opset, an integer >= 17", int_at_least(17)),
+    "height": ("an integer >= 1 (pixels)", int_at_least(1)),
+    "width": ("an integer >= 1 (pixels)", int_at_least(1)),
+    "atol": ("a number > 0", lambda v: is_number(v) and v > 0),
+    "threads": ("an integer >= 0 (0: the default)", int_at_least(0)),
+}
+ABSENT = object()
+
+
+def shown(value: Any) -> str:
+    """A value as the user would write it back: strings quoted, lists as lists."""
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Every ``VALUE_RULES`` key present in ``cfg`` has a value of the expected type and range (all bad
+    keys are listed in one line), required keys (``???``) are set, and an ``out`` directory can be
+    written. Every command runs this on its composed config before anything else (``segattn.cli``)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
+    problems = []
+    for key, (expected, ok) in VALUE_RULES.items():
+        value = OmegaConf.select(cfg, key, default=ABSENT)
+        if value is ABSENT:
+            continue
+        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        if not ok(value):
+            problems.append(f"{key}={shown(value)}: expected {expected}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    if cfg.get("out") is not None:
+        check_out_dir(Path(str(cfg.out)))
+
+
+def check_out_dir(out: Path) -> None:
+    """``out=`` (export, predict) must be a directory or creatable as one, by this user."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"out={out}: is an existing file; expected a directory to write into (created if missing)"
+        )
+    existing = next(parent for parent in (out, *out.parents) if parent.exists())
+    if not existing.is_dir():
+        raise ValueError(f"out={out}: cannot be created: {existing} is a file; expected a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"out={out}: cannot be written: {existing} is not writable by this user")
+
+
+def check_data_root(data: DictConfig) -> None:
+    """A dataset read from disk needs ``data.root`` to be a folder. Unknown names are left to the
+    dataset registry, whose error lists the valid ones; the synthetic dataset has no files."""
+    from .data.registry import available_datasets  # the data stack is heavy; only train and eval need it
+
+    name, root = data.get("name"), data.get("root")
+    if name == "synthetic" or name not in available_datasets():
+        return
+    if root is None or not Path(str(root)).is_dir():
+        what = (
+            "is not set" if root is None else ("is a file" if Path(str(root)).exists() else "does not exist")
+        )
+        raise FileNotFoundError(
+            f"data.root={root}: {what}; expected the folder holding dataset {name!r} (see data/README.md)"
+        )
+
+
 def check_config(cfg: DictConfig) -> None:
-    """Fail before training on settings that contradict each other, naming the keys."""
+    """Fail before training on bad values, a missing dataset folder and settings that contradict each
+    other, naming the keys."""
+    check_values(cfg)
+    check_data_root(cfg.data)
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise ValueError(
             f"ckpt_path={cfg.ckpt_path} resumes a run and init_from={cfg.init_from} starts a new one "

@@ -8,16 +8,15 @@ config under ``ckpt["segattn"]``) and an exported directory (``model.safetensors
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from torch import nn
 
 from ..inference.image_io import default_palette, read_classes, write_classes
+from .resume import read_checkpoint
 
 MODEL_FILE = "model.yaml"
 WEIGHTS_FILE = "model.safetensors"
@@ -101,13 +100,8 @@ def describe(config: dict[str, Any], data: dict[str, Any], source: Path, fmt: st
 
 def load_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
     """A Lightning checkpoint from ``train.py``: weights_only load, rebuild, strip the ``model.`` prefix."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise ValueError(
-            f"{path}: refused to unpickle (weights_only=True allows only tensors, plain data): {error}"
-        ) from None
-    meta = ckpt.get("segattn") if isinstance(ckpt, dict) else None
+    ckpt = read_checkpoint(path)  # weights_only; empty, foreign or truncated files named as such
+    meta = ckpt.get("segattn")
     if not isinstance(meta, dict) or "model" not in meta:
         raise ValueError(f"{path}: no ckpt['segattn']['model'] entry; expected a checkpoint from train.py")
     check_plain_config(meta, str(path), "segattn")

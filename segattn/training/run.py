@@ -136,13 +136,13 @@ def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
-def build_loggers(cfg: DictConfig, resume_from: Path | None) -> list[Logger]:
+def build_loggers(cfg: DictConfig, resumed: dict[str, Any] | None) -> list[Logger]:
     """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint."""
     extra: dict[str, dict[str, Any]] = {}
-    run_id = wandb_run_id(read_checkpoint(resume_from, "ckpt_path")) if resume_from else None
+    run_id = wandb_run_id(resumed) if resumed is not None else None
     if run_id:
         extra["wandb"] = {"id": run_id, "resume": "allow"}
-        rank_zero_info(f"W&B: continuing run {run_id} from {resume_from}")
+        rank_zero_info(f"W&B: continuing run {run_id} from the resumed checkpoint")
     return build_from_registry("loggers", LOGGERS, plain(cfg.logger), **extra)
 
 
@@ -174,16 +174,16 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     reuse_freed_memory()  # opt-in: no page faults on every large activation of every step
     pl.seed_everything(cfg.seed, workers=True)
     resume_from = resolve_ckpt_path(cfg.ckpt_path, cfg.paths.log_dir, run_dir)
-    if resume_from:
-        rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
+    resumed = read_checkpoint(resume_from, "ckpt_path") if resume_from else None
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
-    if resume_from:  # the same architecture, or one line naming each difference
-        check_resumable(read_checkpoint(resume_from, "ckpt_path"), module.model.config, resume_from)
+    if resumed is not None:  # the same architecture, or one line naming each difference
+        check_resumable(resumed, module.model.config, resume_from)
+        rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)
-    loggers = build_loggers(cfg, resume_from)
+    loggers = build_loggers(cfg, resumed)
     failed = True
     try:
         trainer = build_trainer(cfg, loggers)

@@ -1,0 +1,121 @@
+"""Bad values across train, eval, export and predict: exit non-zero with one line on stderr naming the key
+or file, the value and what was expected; no traceback; nothing created (no run dir, no out dir).
+
+train.py and eval.py run their real Hydra applications in-process (``sys.argv`` set as the shell would)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from segattn import cli
+from segattn.export import main as export_main
+from segattn.predict import main as predict_main
+
+HYDRA_APPS = {"train.py": cli.train, "eval.py": cli.evaluate}
+IN_PROCESS = {"segattn.export": export_main, "segattn.predict": predict_main}
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    """A log dir to stay empty, a text file posing as a checkpoint, a plain file where a folder belongs."""
+    paths = {"logs": tmp_path / "logs", "text": tmp_path / "notes.txt", "file": tmp_path / "afile"}
+    paths["logs"].mkdir()
+    paths["text"].write_text("not a checkpoint\n")
+    paths["file"].write_text("x")
+    return paths
+
+
+TEXT_CKPT = "not a segattn/Lightning checkpoint: a file of 17 bytes starting with b'not '"
+CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line after "<command>: "
+    ("train.py", ["trainer.max_epochs=abc"], "trainer.max_epochs='abc': expected an integer >= -1"),
+    ("train.py", ["data.batch_size=-1"], "data.batch_size=-1: expected an integer >= 1"),
+    ("train.py", ["data.crop_size=[0,0]"], "data.crop_size=[0, 0]: expected a positive size: H or [H, W]"),
+    ("train.py", ["data=folder"], "missing required key(s): data.root=..."),
+    (
+        "train.py",
+        ["data=camvid", "data.root={tmp}/nope"],
+        "data.root={tmp}/nope: does not exist; expected the folder holding dataset 'camvid'",
+    ),
+    ("train.py", ["optimizer.lr=-1"], "optimizer.lr=-1: expected a number >= 0"),
+    ("train.py", ["trainer.precision=bf17"], "trainer.precision='bf17': expected one of 64-true, 32-true"),
+    (
+        "train.py",
+        ["trainer.limit_train_batches=1.5"],
+        "trainer.limit_train_batches=1.5: expected null, a batch",
+    ),
+    (
+        "train.py",
+        ["data.num_workers=-2", "data.hflip=2"],  # every bad key, in one line
+        "data.num_workers=-2: expected an integer >= 0; data.hflip=2: expected a probability in [0, 1]",
+    ),
+    ("train.py", ["ckpt_path={text}"], f"ckpt_path={{text}}: {TEXT_CKPT}"),
+    ("train.py", ["init_from={tmp}/nope.ckpt"], "init_from={tmp}/nope.ckpt: no such checkpoint file"),
+    ("eval.py", ["checkpoint={text}", "num_examples=-1"], "num_examples=-1: expected an integer >= 0"),
+    (
+        "eval.py",
+        ["checkpoint={text}", "validation.crop_batch_size=0"],
+        "validation.crop_batch_size=0: expected",
+    ),
+    ("eval.py", ["checkpoint={text}"], f"checkpoint={{text}}: {TEXT_CKPT}"),
+    (
+        "segattn.export",
+        ["checkpoint={text}", "format=onnx", "out={file}"],
+        "out={file}: is an existing file; expected a directory to write into (created if missing)",
+    ),
+    (
+        "segattn.export",
+        ["checkpoint={text}", "format=onnx", "out={file}/sub"],
+        "out={file}/sub: cannot be created: {file} is a file; expected a directory path",
+    ),
+    (
+        "segattn.export",
+        ["checkpoint={text}", "format=onnx", "out={tmp}/o", "opset=abc"],
+        "opset='abc': expected",
+    ),
+    (
+        "segattn.export",
+        ["checkpoint={text}", "format=onnx", "out={tmp}/o"],
+        f"checkpoint={{text}}: {TEXT_CKPT}",
+    ),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={file}"],
+        "out={file}: is an existing file; expected a directory",
+    ),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "crop_batch_size=0"],
+        "crop_batch_size=0",
+    ),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "alpha=2"],
+        "alpha=2: expected an opacity",
+    ),
+]
+
+
+def run_command(command: str, argv: list[str], logs: Path, monkeypatch) -> int:
+    """Exit status of ``command argv`` run in-process."""
+    if command in IN_PROCESS:
+        return IN_PROCESS[command](argv)
+    monkeypatch.setattr(sys, "argv", [command, f"paths.log_dir={logs}", "hydra/job_logging=none", *argv])
+    with pytest.raises(SystemExit) as ended:
+        HYDRA_APPS[command]()
+    return ended.value.code
+
+
+@pytest.mark.parametrize(("command", "argv", "expected"), CASES, ids=[" ".join(case[1]) for case in CASES])
+def test_bad_value_is_one_line_and_creates_nothing(
+    command, argv, expected, files, tmp_path, monkeypatch, capsys
+):
+    fill = {"text": files["text"], "file": files["file"], "tmp": tmp_path}
+    status = run_command(command, [arg.format(**fill) for arg in argv], files["logs"], monkeypatch)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == (1 if command.endswith(".py") or "checkpoint=" in expected else 2)
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith(f"{command}: {expected.format(**fill)}"), err[0]
+    assert not any(files["logs"].iterdir()) and not (tmp_path / "o").exists()
