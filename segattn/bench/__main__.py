@@ -145,6 +145,8 @@ def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) 
         maxres_step=values["step"],
         maxres_max_size=values["max_size"],
         maxres_timeout=values["probe_timeout"],
+        clock=args.clock,
+        only=values.get("only"),
     )
     run(settings, device, out_dir)
 
@@ -179,6 +181,12 @@ def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--step", type=int, help="resolution of the maxres search")
     group.add_argument("--max-size", type=int, help="stop the maxres search above this size")
     group.add_argument("--probe-timeout", type=float, help="seconds before a maxres probe counts as too slow")
+    group.add_argument(
+        "--only",
+        choices=["train", "costs"],
+        help="one phase: train the runs, or measure the costs into costs.json (e.g. while another process "
+        "trains); rerun without it for the table",
+    )
 
 
 def common_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,9 @@ split (``test_after_fit``). Runs are resumable: a finished run (its ``summary.js
 kept, an interrupted one continues from its ``last.ckpt``, so rerunning the same command completes the
 table. Costs are measured after training, in one process for all variants so that ratios are fair:
 ``bench model``'s training step at the experiment's batch and crop (time round-robin, peak memory in
-fresh children) and ``bench maxres``'s largest square image at batch 1 within a memory budget.
+fresh children) and ``bench maxres``'s largest square image at batch 1 within a memory budget. Costs are
+kept in ``costs.json`` as they are measured (the step block whole, maxres per variant) and reused by a
+rerun with the same recipe and settings; ``only="costs"`` measures them while another process trains.
 Results: ``accuracy.csv`` (one row per run), ``accuracy_table.csv`` / ``accuracy.md`` (one row per
 variant) and ``accuracy.png`` (mIoU against time per step, marker area = peak memory).
 """
@@ -49,6 +51,8 @@ class AccuracySettings:
     maxres_step: int = 128
     maxres_max_size: int = 16384
     maxres_timeout: float = 300.0
+    clock: str = "wall"  # step timing clock: wall, or process CPU time (steady on a busy machine)
+    only: str | None = None  # "train" or "costs": one phase; None: both, then the table
 
 
 def default_variants(smoke: bool) -> list[str]:
@@ -169,25 +173,72 @@ def train_all(settings: AccuracySettings, out_dir: Path) -> list[dict[str, Any]]
         return [future.result() for future in futures]
 
 
-def measure_costs(settings: AccuracySettings, recipe: Recipe, device: torch.device) -> dict[str, dict]:
-    """Per variant: training-step seconds and peak memory at the experiment's batch and crop, and the
-    largest trainable square image at batch 1 within the maxres budget."""
-    model_settings = ModelSettings(
-        models=[recipe.model],
-        variants=settings.variants,
-        image_sizes=[recipe.crop],
-        dtypes=["fp32"],
-        batch=recipe.batch,
-        repeats=settings.repeats,
-        max_step_seconds=float("inf"),
-    )
-    rows = time_steps(model_settings, device)
-    measure_memory(rows, model_settings, device)
-    costs = {
-        row["variant"]: {"step_seconds": row.get("seconds"), "peak_bytes": row.get("peak_bytes")}
-        for row in rows
-        if row["status"] == "ok"
+COSTS_FILE = "costs.json"
+
+
+def cost_settings(settings: AccuracySettings, recipe: Recipe, device: torch.device) -> dict[str, Any]:
+    """What the costs depend on: a ``costs.json`` measured under other values is measured again."""
+    return {
+        "model": recipe.model.label,
+        "model_options": recipe.model.options,
+        "batch": recipe.batch,
+        "crop": recipe.crop,
+        "device": str(device),
+        "repeats": settings.repeats,
+        "clock": settings.clock,
+        "maxres_budget_gib": settings.maxres_budget_gib,
+        "maxres": [
+            settings.maxres_start,
+            settings.maxres_step,
+            settings.maxres_max_size,
+            settings.maxres_timeout,
+        ],
     }
+
+
+def read_costs(path: Path, key: dict[str, Any]) -> dict[str, Any]:
+    """The costs measured so far under ``key`` (empty when none, or measured under other settings)."""
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if stored.get("settings") == key:
+            return stored
+    return {"settings": key, "steps": {}, "maxres": {}}
+
+
+def write_costs(path: Path, costs: dict[str, Any]) -> None:
+    """Atomically: an interrupted write leaves the previous file, never half of one."""
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(costs, indent=2) + "\n")
+    partial.replace(path)
+
+
+def measure_costs(
+    settings: AccuracySettings, recipe: Recipe, device: torch.device, out_dir: Path
+) -> dict[str, dict]:
+    """Per variant: training-step seconds and peak memory at the experiment's batch and crop, and the
+    largest trainable square image at batch 1 within the maxres budget; reused from ``costs.json``."""
+    path = out_dir / COSTS_FILE
+    stored = read_costs(path, cost_settings(settings, recipe, device))
+    labels = [variant.label for variant in settings.variants]
+    if not all(label in stored["steps"] for label in labels):  # timed together, so ratios are fair
+        model_settings = ModelSettings(
+            models=[recipe.model],
+            variants=settings.variants,
+            image_sizes=[recipe.crop],
+            dtypes=["fp32"],
+            batch=recipe.batch,
+            repeats=settings.repeats,
+            max_step_seconds=float("inf"),
+            clock=settings.clock,
+        )
+        rows = time_steps(model_settings, device)
+        measure_memory(rows, model_settings, device)
+        stored["steps"] = {
+            row["variant"]: {"step_seconds": row.get("seconds"), "peak_bytes": row.get("peak_bytes")}
+            for row in rows
+            if row["status"] == "ok"
+        }
+        write_costs(path, stored)
     if settings.maxres_budget_gib:
         budget = int(settings.maxres_budget_gib * (1 << 30))
         maxres = MaxresSettings(
@@ -203,11 +254,18 @@ def measure_costs(settings: AccuracySettings, recipe: Recipe, device: torch.devi
         )
         budget = min(budget, total_memory_budget(device, fraction=0.9))
         for variant in settings.variants:
-            row, _ = find_maxres(recipe.model, variant, False, maxres, budget, device)
-            costs.setdefault(variant.label, {}).update(
-                maxres=row["maxres"], maxres_limited_by=row["limited_by"]
-            )
-    return costs
+            if variant.label not in stored["maxres"]:
+                row, _ = find_maxres(recipe.model, variant, False, maxres, budget, device)
+                stored["maxres"][variant.label] = {
+                    "maxres": row["maxres"],
+                    "maxres_limited_by": row["limited_by"],
+                }
+                write_costs(path, stored)
+    return {
+        label: {**stored["steps"].get(label, {}), **stored["maxres"].get(label, {})}
+        for label in labels
+        if label in stored["steps"] or label in stored["maxres"]
+    }
 
 
 def summarize(
@@ -290,11 +348,17 @@ def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
     recipe = read_recipe(settings.experiment, settings.overrides)  # a bad override fails before training
+    if settings.only == "costs":
+        measure_costs(settings, recipe, device, out_dir)
+        console.print(f"accuracy: costs in {out_dir / COSTS_FILE}; rerun without --only for the table")
+        return []
     runs = train_all(settings, out_dir)
     write_csv(out_dir / "accuracy.csv", runs)
     failed = [r for r in runs if r["status"] != "ok"]
-    progress(f"accuracy: {len(runs) - len(failed)} runs finished, {len(failed)} failed; measuring costs")
-    costs = measure_costs(settings, recipe, device)
+    progress(f"accuracy: {len(runs) - len(failed)} runs finished, {len(failed)} failed")
+    if settings.only == "train":
+        return []
+    costs = measure_costs(settings, recipe, device, out_dir)
     table = summarize(runs, costs, settings.variants)
     write_csv(out_dir / "accuracy_table.csv", table)
     budget_text = f"{settings.maxres_budget_gib:g} GiB" if settings.maxres_budget_gib else "not measured"

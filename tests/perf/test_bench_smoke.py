@@ -7,6 +7,7 @@ part writes its table, CSV and PNG with the expected rows and columns.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -169,9 +170,14 @@ def test_bench_op_compile_times_a_compiled_twin_beside_each_variant(tmp_path):
 
 @pytest.mark.slow
 def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
-    """Two variants trained through train.py, tested, costed; a rerun keeps finished runs and resumes an
-    interrupted one from its last.ckpt instead of starting over."""
+    """Costs measured alone first (--only costs), then two variants trained through train.py, tested, and
+    tabled with those costs reused; a rerun keeps finished runs and resumes an interrupted one from its
+    last.ckpt instead of starting over."""
     args = ["accuracy", "--smoke", "--device", "cpu", "--threads", "1", "--out", str(tmp_path)]
+    main([*args, "--only", "costs"])
+    assert not (tmp_path / "runs").exists()
+    costs = json.loads((tmp_path / "costs.json").read_text())
+    assert set(costs["steps"]) == set(costs["maxres"]) == {"sra", "linear"}
     main(args)
     assert "accuracy" in capsys.readouterr().out
     runs = {r["variant"]: r for r in read_csv(tmp_path / "accuracy.csv")}
@@ -181,6 +187,7 @@ def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
     for row in table.values():
         assert row["seeds"] == "1" and float(row["step_seconds"]) > 0 and int(row["peak_bytes"]) > 0
         assert int(row["maxres"]) == 64  # the smoke search stops at 64²
+        assert float(row["step_seconds"]) == costs["steps"][row["variant"]]["step_seconds"]  # not re-timed
     markdown = (tmp_path / "accuracy.md").read_text().splitlines()
     assert [line.split("|")[1].strip() for line in markdown[2:]] == ["`sra`", "`linear`"]
     assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
