@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from reliability_fixtures import TINY, train_command, train_env
+from reliability_fixtures import TINY, run_train
 
 from segattn.training.rundir import LOCK, RunDirLockedError, run_dir_lock
 
@@ -69,14 +69,7 @@ def test_a_second_train_py_in_a_held_run_dir_fails_at_once(tmp_path, live_pid):
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "config.yaml").write_text("the first run's config\n")
     started = time.monotonic()
-    second = subprocess.run(
-        train_command(tmp_path, *TINY, "logger=none", run="job42"),
-        cwd=tmp_path,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    second = run_train(tmp_path, *TINY, "logger=none", run="job42", timeout=120)
     assert second.returncode == 1
     assert second.stderr.strip().splitlines() == [
         f"train_with_faults.py: run dir {run_dir} is in use by another run: {run_dir / LOCK} is held by pid "
