@@ -27,7 +27,7 @@ from .inference.image_io import find_images, is_raster, normalize, overlay, read
 from .inference.onnx import is_onnx
 
 if TYPE_CHECKING:
-    from .inference.raster_predict import SlideSettings
+    from .inference.tiling import SlideSettings
 
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
 
@@ -108,8 +108,7 @@ def streams(path: Path, args: dict[str, Any]) -> bool:
 
 def slide_settings(args: dict[str, Any], model_path: Path) -> SlideSettings:
     """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed."""
-    from .inference.raster_predict import SlideSettings
-    from .inference.tiling import default_stride
+    from .inference.tiling import SlideSettings, default_stride
 
     if is_onnx(model_path):
         raise ValueError(
@@ -216,7 +215,8 @@ def run(args: DictConfig) -> int:
     if rasters:
         streamed, raster_failures = predict_rasters(model, info, rasters, out, settings)
         written, failed = written + streamed, failed + raster_failures
-    print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and overlays to {out / 'overlays'}")
+    views = f"overlays to {out / 'overlays'}" + (f", overviews to {out / 'overviews'}" if rasters else "")
+    print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and {views}")
     if failed:
         names = ", ".join(str(path) for path, _ in failed)
         print(f"segattn.predict: {len(failed)} unreadable image(s) skipped: {names}", file=sys.stderr)

@@ -2,9 +2,9 @@
 
 The raster (tiled, deflate-compressed RGB, 256-pixel tiles, a UTM CRS) is written strip by strip, so
 making it needs no more memory than predicting it. A tiny random ViT is exported next to it and
-``python -m segattn.predict`` runs on it in a child process: the peak resident set is that process's
-``ru_maxrss`` (from ``wait4``), the whole command from import to the renamed mask, so nothing the
-command does escapes the number. The same command on a one-window raster gives its fixed part (imports,
+``python -m segattn.predict`` runs on it in a child process, which reports its own peak resident set
+(``segattn.bench.peak``: the whole command from import to the renamed mask, so nothing the command does
+escapes the number). The same command on a one-window raster gives its fixed part (imports,
 model, a first forward pass); the difference is what streaming the wide raster holds. windows/s counts
 the slide windows over the large run's wall time, start-up included.
 """
@@ -12,7 +12,6 @@ the slide windows over the large run's wall time, start-up included.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -97,21 +96,18 @@ def tiny_model(directory: Path, classes: int) -> None:
 
 
 def predict_child(settings: RasterSettings, raster: Path, model: Path, out: Path) -> dict[str, Any]:
-    """``python -m segattn.predict`` on the raster: wall seconds, peak RSS (bytes) and exit status."""
+    """``python -m segattn.predict`` on the raster in a child (through ``segattn.bench.peak``): wall
+    seconds, its peak resident set in bytes and its exit status."""
+    report = out.with_suffix(".peak")
     command = [
-        sys.executable, "-m", "segattn.predict", f"checkpoint={model}", f"input={raster}", f"out={out}",
-        "mode=slide", f"crop={settings.crop}", f"stride={settings.stride}",
+        sys.executable, "-m", "segattn.bench.peak", str(report), "segattn.predict", f"checkpoint={model}",
+        f"input={raster}", f"out={out}", "mode=slide", f"crop={settings.crop}", f"stride={settings.stride}",
         f"crop_batch_size={settings.crop_batch_size}", f"threads={settings.threads}",
     ]  # fmt: skip
     begin = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
+    status = subprocess.run(command, stdout=subprocess.DEVNULL, check=False).returncode
     seconds = time.perf_counter() - begin
-    return {
-        "seconds": seconds,
-        "peak_bytes": usage.ru_maxrss * 1024,
-        "status": os.waitstatus_to_exitcode(status),
-    }
+    return {"seconds": seconds, "peak_bytes": int(report.read_text()), "status": status}
 
 
 def run(settings: RasterSettings, out_dir: Path) -> dict[str, Any]:

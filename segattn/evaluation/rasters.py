@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from ..data.raster import RasterLayout, read_labels
-from ..inference.raster import BLOCK, RasterImage, describe_window, raster_env
-from ..inference.raster_predict import SlideSettings, normalized_reader
-from ..inference.strips import slide_strips
-from ..inference.tiling import default_stride
+from ..inference.raster import RasterImage, describe_window, raster_env
+from ..inference.raster_predict import raster_strips
+from ..inference.tiling import SlideSettings, default_stride
 from .metrics import SegmentationMetric
 
 
@@ -66,17 +65,7 @@ def score_rasters(
             image = RasterImage(sample.image)
             try:
                 row, width = 0, image.size[1]
-                for logits in slide_strips(
-                    model,
-                    normalized_reader(image, info),
-                    image.size,
-                    info["num_classes"],
-                    settings.crop,
-                    settings.stride,
-                    settings.crop_batch_size,
-                    settings.flip,
-                    BLOCK,
-                ):
+                for logits in raster_strips(model, image, info, settings):
                     window = (row, row + logits.shape[1], 0, width)
                     where = f"{sample.mask} at {describe_window(window)}"
                     labels = sample.decoder(read_labels(sample.mask, window), where)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,9 @@ from torch import Tensor
 from .image_io import normalize, save_rgb
 from .raster import BLOCK, RasterImage, create_mask, fsync_replace, raster_env, read_overview, write_rows
 from .strips import first_job, slide_strips
-from .tiling import Window, slide_windows
+from .tiling import SlideSettings, Window, slide_windows
 
 OVERVIEW_SIDE = 1024
-
-
-@dataclass(frozen=True)
-class SlideSettings:
-    """How windows are laid and combined: the arguments ``infer(mode="slide")`` takes."""
-
-    crop: tuple[int, int]
-    stride: tuple[int, int]
-    crop_batch_size: int = 4
-    flip: bool = False
 
 
 def outputs(out: Path, path: Path) -> dict[str, Path]:
@@ -88,13 +78,21 @@ def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> N
     fsync_replace(temp, files["progress"])
 
 
-def normalized_reader(image: RasterImage, info: dict[str, Any]) -> Callable[[Window], Tensor]:
-    """Windows of ``image`` as the model takes them: float32 [3, h, w], normalised by ``info``'s mean/std."""
+def raster_strips(
+    model: Callable[[Tensor], Tensor],
+    image: RasterImage,
+    info: dict[str, Any],
+    settings: SlideSettings,
+    start_row: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[Tensor]:
+    """``slide_strips`` over a raster: windows read and normalised by ``info``'s mean and std as the model
+    was trained, strips of one output tile row (``BLOCK``); what predict writes and eval scores."""
 
     def read(window: Window) -> Tensor:
         return torch.from_numpy(normalize(image.read(window), info["mean"], info["std"])[0])
 
-    return read
+    return slide_strips(model, read, image.size, info["num_classes"], settings, BLOCK, start_row, on_batch)
 
 
 def predict_raster(
@@ -131,19 +129,7 @@ def predict_raster(
                 if on_windows is not None:
                     on_windows(done, total)
 
-            strips = slide_strips(
-                model,
-                normalized_reader(image, info),
-                image.size,
-                info["num_classes"],
-                settings.crop,
-                settings.stride,
-                settings.crop_batch_size,
-                settings.flip,
-                BLOCK,
-                start,
-                counted,
-            )
+            strips = raster_strips(model, image, info, settings, start, counted)
             row = start
             for logits in strips if start < height else ():  # start == height: only the rename was missing
                 write_rows(files["partial"], row, logits.argmax(dim=0).numpy(), info["palette"])
@@ -160,4 +146,4 @@ def predict_raster(
     return files["mask"]
 
 
-__all__ = ["OVERVIEW_SIDE", "SlideSettings", "normalized_reader", "outputs", "predict_raster"]
+__all__ = ["OVERVIEW_SIDE", "outputs", "predict_raster", "raster_strips"]

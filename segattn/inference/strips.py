@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .infer import Job, slide_batches
-from .tiling import Window, slide_windows
+from .tiling import SlideSettings, Window, slide_windows
 
 ReadCrop = Callable[[Window], Tensor]  # (top, bottom, left, right) -> normalised float32 [3, h, w]
 Model = Callable[[Tensor], Tensor]  # [n, 3, h, w] -> logits [n, K, h, w]
@@ -43,13 +43,11 @@ def view_strips(
     read: ReadCrop,
     size: tuple[int, int],
     num_classes: int,
-    crop: tuple[int, int],
-    stride: tuple[int, int],
-    crop_batch_size: int,
+    settings: SlideSettings,
     strip_rows: int,
-    start_row: int = 0,
-    flip: bool = False,
-    on_batch: Callable[[int], None] | None = None,
+    start_row: int,
+    flip: bool,
+    on_batch: Callable[[int], None] | None,
 ) -> Iterator[Tensor]:
     """Averaged logits [K, rows, W] of rows [start_row, H) in strips of ``strip_rows`` (the last shorter)
     for one view: the image, or its mirror (``flip``: windows tile the mirrored image, as in ``infer``,
@@ -57,10 +55,11 @@ def view_strips(
 
     Sums live in blocks of ``strip_rows`` rows from the first row not yet returned down to the bottom of
     the window being added; a block leaves as soon as a window starts below it. At most
-    ``strip_rows + crop[0]`` rows are held, whatever the batch straddles.
+    ``strip_rows + settings.crop[0]`` rows are held, whatever the batch straddles.
     """
     height, width = size
-    windows = slide_windows(height, width, crop, stride)
+    windows = slide_windows(height, width, settings.crop, settings.stride)
+    batch = settings.crop_batch_size
     jobs: list[Job] = [(0, window) for window in windows]
     base, blocks = start_row, []  # blocks[j] holds rows base + j * strip_rows onwards
 
@@ -94,8 +93,8 @@ def view_strips(
             if low < high:  # rows above start_row (a resumed stream's first batch) have no block
                 block[:, low - block_top : high - block_top, left:right] += logits[:, low - top : high - top]
 
-    start = first_job(windows, start_row, crop_batch_size)
-    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, crop_batch_size, start):
+    start = first_job(windows, start_row, batch)
+    for chunk, out in slide_batches(model, crops_of, jobs, num_classes, batch, start):
         for crop_logits, (_, window) in zip(out, chunk, strict=True):
             yield from strips_above(window[0])  # windows come row-major: rows above this top are final
             add(window, crop_logits)
@@ -109,23 +108,21 @@ def slide_strips(
     read: ReadCrop,
     size: tuple[int, int],
     num_classes: int,
-    crop: tuple[int, int],
-    stride: tuple[int, int],
-    crop_batch_size: int = 4,
-    flip: bool = False,
+    settings: SlideSettings,
     strip_rows: int = 256,
     start_row: int = 0,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[Tensor]:
     """Logits [K, rows, W] of consecutive strips of rows [start_row, H), equal to the same rows of
-    ``infer(model, image, K, "slide", crop, stride, crop_batch_size, flip=flip)``; ``start_row`` a multiple
-    of ``strip_rows`` resumes a stream. With ``flip`` both views advance together, a strip at a time."""
+    ``infer(model, image, K, "slide", crop, stride, crop_batch_size, flip=flip)`` with ``settings``'s
+    values; ``start_row`` a multiple of ``strip_rows`` resumes a stream. With flip both views advance
+    together, a strip at a time."""
     if strip_rows < 1 or start_row % strip_rows:
         raise ValueError(f"slide_strips: start_row={start_row}, strip_rows={strip_rows}; expected a multiple")
-    args = (model, read, size, num_classes, crop, stride, crop_batch_size, strip_rows, start_row)
-    views = [view_strips(*args, flip=False, on_batch=on_batch)]
-    if flip:
-        views.append(view_strips(*args, flip=True, on_batch=on_batch))
+    args = (model, read, size, num_classes, settings, strip_rows, start_row)
+    views = [view_strips(*args, False, on_batch)]
+    if settings.flip:
+        views.append(view_strips(*args, True, on_batch))
     for strips in zip(*views, strict=True):
         if len(strips) == 1:
             yield strips[0]

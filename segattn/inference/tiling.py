@@ -5,8 +5,20 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
 Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
+
+
+@dataclass(frozen=True)
+class SlideSettings:
+    """How windows are laid and combined: the slide arguments of ``infer(mode="slide")``."""
+
+    crop: tuple[int, int]
+    stride: tuple[int, int]
+    crop_batch_size: int = 4
+    flip: bool = False
 
 
 def window_starts(size: int, crop: int, stride: int) -> list[int]:
@@ -46,4 +58,4 @@ def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-__all__ = ["Window", "default_stride", "scaled_size", "slide_windows", "window_starts"]
+__all__ = ["SlideSettings", "Window", "default_stride", "scaled_size", "slide_windows", "window_starts"]

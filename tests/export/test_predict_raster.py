@@ -18,7 +18,8 @@ from segattn.checkpoints.loading import load_model, save_exported
 from segattn.inference.image_io import normalize
 from segattn.inference.infer import infer
 from segattn.inference.raster import check_pair, raster_env
-from segattn.inference.raster_predict import SlideSettings, outputs, predict_raster
+from segattn.inference.raster_predict import outputs, predict_raster
+from segattn.inference.tiling import SlideSettings
 from segattn.predict import main
 
 SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows

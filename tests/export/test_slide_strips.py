@@ -8,6 +8,7 @@ import torch
 
 from segattn.inference.infer import infer
 from segattn.inference.strips import slide_strips
+from segattn.inference.tiling import SlideSettings
 
 SIZE = (301, 459)  # no window geometry below divides it
 
@@ -38,13 +39,12 @@ def test_strips_equal_in_memory_slide_and_resume_exactly(crop, stride, batch, fl
             return image[0, :, top:bottom, left:right]
 
         for start in (0, strip_rows, 3 * strip_rows):
-            strips = list(
-                slide_strips(window_model, read, SIZE, 4, crop, stride, batch, flip, strip_rows, start)
-            )
+            settings = SlideSettings(crop, stride, batch, flip)
+            strips = list(slide_strips(window_model, read, SIZE, 4, settings, strip_rows, start))
             assert all(strip.shape[1] == strip_rows for strip in strips[:-1])
             assert torch.equal(torch.cat(strips, dim=1), expected[:, start:])
 
 
 def test_a_resume_row_between_strips_is_refused():
     with pytest.raises(ValueError, match="start_row=10, strip_rows=32; expected a multiple"):
-        next(slide_strips(window_model, None, SIZE, 4, (64, 64), (32, 32), start_row=10, strip_rows=32))
+        next(slide_strips(window_model, None, SIZE, 4, SlideSettings((64, 64), (32, 32)), 32, start_row=10))
