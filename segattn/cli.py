@@ -10,6 +10,7 @@ non-editable install, which ships ``conf/`` inside the package.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -26,11 +27,27 @@ from omegaconf.errors import OmegaConfBaseException
 from .config import check_values, config_dir, register_resolvers
 
 CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
+WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"  # how torch re-raises worker errors
+log = logging.getLogger("segattn")
 
 
 def one_line(error: BaseException) -> str:
     """A Hydra / OmegaConf message on one line (they spread the key, the value and a hint over several)."""
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def user_message(error: BaseException) -> str:
+    """The message to print for ``error``. An error raised in a DataLoader worker reaches the main process
+    wrapped with the worker's traceback; that goes to the log (stdout and train.log) and the message
+    keeps only the worker's own error text."""
+    text = str(error)
+    if WORKER_TRACEBACK not in text:
+        return text
+    log.error(text)
+    lines = text.split(WORKER_TRACEBACK, 1)[1].rstrip().splitlines()
+    start = max(index for index, line in enumerate(lines) if line and not line[0].isspace())
+    qualified_name, _, message = "\n".join(lines[start:]).partition(": ")
+    return message or qualified_name
 
 
 def usage(config_name: str) -> str:
@@ -96,7 +113,8 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``. Errors a user can fix
     (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data; ``FileExistsError``: a run
     dir another run holds) are one line on stderr and status 1, and the run dir Hydra made for the job is
-    removed, with the parents it made under ``paths.log_dir``, while they are still empty;
+    removed, with the parents it made under ``paths.log_dir``, while they are still empty (an error from a
+    DataLoader worker prints the worker's message, its traceback goes to the log);
     ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
@@ -108,7 +126,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             remove_empty_run_dir(Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
-            print(f"{Path(sys.argv[0]).name}: {error}", file=sys.stderr)
+            print(f"{Path(sys.argv[0]).name}: {user_message(error)}", file=sys.stderr)
             sys.exit(1)
 
     register_resolvers()

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch._utils import ExceptionWrapper
 
 from segattn import cli
+from segattn.data.errors import DataError
 from segattn.export import main as export_main
 from segattn.predict import main as predict_main
 
@@ -119,3 +121,21 @@ def test_bad_value_is_one_line_and_creates_nothing(
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith(f"{command}: {expected.format(**fill)}"), err[0]
     assert not any(files["logs"].iterdir()) and not (tmp_path / "o").exists()
+
+
+def test_a_dataloader_workers_error_is_its_own_message_with_the_traceback_logged(monkeypatch):
+    """torch re-raises a worker's error with the worker's traceback in its message: one line is printed,
+    the traceback is logged (stdout and train.log)."""
+    problem = "image data/images/train/0042.png cannot be decoded; the file is corrupt or truncated"
+    try:
+        raise DataError(problem, "data/images/train/0042.png")
+    except DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(DataError) as reraised:
+        wrapped.reraise()
+    assert "Original Traceback" in str(reraised.value)  # what torch hands the main process
+    logged = []
+    monkeypatch.setattr(cli.log, "error", logged.append)
+    assert cli.user_message(reraised.value) == problem
+    assert logged == [str(reraised.value)]
+    assert cli.user_message(ValueError("data.batch_size=-1: expected")) == "data.batch_size=-1: expected"
