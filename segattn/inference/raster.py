@@ -107,6 +107,15 @@ def check_pair(image: Path, mask: Path) -> None:
             )
 
 
+def has_size(path: Path, size: tuple[int, int]) -> bool:
+    """Whether ``path`` opens as a raster of ``size`` (H, W): a partial mask a kill left readable."""
+    try:
+        with rasterio.open(path) as dataset:
+            return (dataset.height, dataset.width) == size
+    except RasterioError:
+        return False
+
+
 def mask_dtype(num_classes: int) -> str:
     """uint8 up to 256 classes, uint16 above (as the PNG masks)."""
     return "uint8" if num_classes <= 256 else "uint16"
@@ -127,6 +136,7 @@ def create_mask(path: Path, size: tuple[int, int], num_classes: int, geo: dict[s
         "BIGTIFF": "IF_SAFER",
         **geo,
     }
+    path.unlink(missing_ok=True)  # GDAL would open (and choke on) a half-written file before replacing it
     with rasterio.open(path, "w", **profile):
         pass
 
@@ -166,6 +176,7 @@ __all__ = [
     "create_mask",
     "describe_window",
     "fsync_replace",
+    "has_size",
     "mask_dtype",
     "raster_env",
     "read_overview",

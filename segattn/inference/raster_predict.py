@@ -23,7 +23,16 @@ import torch
 from torch import Tensor
 
 from .image_io import normalize, save_rgb
-from .raster import BLOCK, RasterImage, create_mask, fsync_replace, raster_env, read_overview, write_rows
+from .raster import (
+    BLOCK,
+    RasterImage,
+    create_mask,
+    fsync_replace,
+    has_size,
+    raster_env,
+    read_overview,
+    write_rows,
+)
 from .strips import first_job, slide_strips
 from .tiling import SlideSettings, Window, slide_windows
 
@@ -57,18 +66,18 @@ def run_key(path: Path, info: dict[str, Any], settings: SlideSettings) -> dict[s
     }
 
 
-def resume_row(files: dict[str, Path], key: dict[str, Any], height: int) -> int:
-    """Rows already in the partial mask when its progress record matches ``key``; 0 (start over) otherwise."""
+def resume_row(files: dict[str, Path], key: dict[str, Any], size: tuple[int, int]) -> int:
+    """Rows already in the partial mask when its progress record matches ``key`` and the partial still
+    opens at the raster's size; 0 (start over) otherwise, e.g. after a kill in the middle of a write."""
     try:
         record = json.loads(files["progress"].read_text())
     except (OSError, ValueError):
         return 0
-    if record.get("key") != key or not files["partial"].is_file():
+    rows, height = record.get("rows"), size[0]
+    whole_strips = isinstance(rows, int) and 0 < rows <= height and (rows % BLOCK == 0 or rows == height)
+    if record.get("key") != key or not whole_strips or not has_size(files["partial"], size):
         return 0
-    rows = record.get("rows")
-    return (
-        rows if isinstance(rows, int) and 0 < rows <= height and (rows % BLOCK == 0 or rows == height) else 0
-    )
+    return rows
 
 
 def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> None:
@@ -115,7 +124,7 @@ def predict_raster(
         try:
             key = run_key(path, info, settings)
             height, width = image.size
-            start = resume_row(files, key, height)
+            start = resume_row(files, key, image.size)
             if start == 0:
                 files["mask"].parent.mkdir(parents=True, exist_ok=True)
                 create_mask(files["partial"], image.size, info["num_classes"], image.profile)

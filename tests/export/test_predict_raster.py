@@ -102,6 +102,26 @@ def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(
     np.testing.assert_array_equal(read_band(whole), slide_mask(model, rgb, settings, info))
 
 
+def test_a_partial_mask_left_unreadable_starts_over(small_raster, tmp_path):
+    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    settings = SlideSettings(crop=(256, 256), stride=(256, 256), crop_batch_size=4)
+
+    def stop(rows: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        predict_raster(model, info, small_raster, tmp_path, settings, after_strip=stop)
+    partial = outputs(tmp_path, small_raster)["partial"]
+    partial.write_bytes(partial.read_bytes()[:200])  # a kill in the middle of a write
+    seen: list[int] = []
+    mask = predict_raster(
+        model, info, small_raster, tmp_path, settings, lambda done, total: seen.append(done)
+    )
+    assert seen[0] == 4  # the first batch of a fresh start
+    whole = predict_raster(model, info, small_raster, tmp_path / "whole", settings)
+    np.testing.assert_array_equal(read_band(mask), read_band(whole))
+
+
 def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path):
     raster = small_raster
     model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
