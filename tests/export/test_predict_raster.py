@@ -148,6 +148,33 @@ def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(expor
         predict_raster(None, tiny_info(tiny_model("linear")), two, out, SMALL)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["checkpoint=exported/model.onnx"],
+            "checkpoint=exported/model.onnx: streaming a TIFF by window needs",
+        ),
+        (["scales=[0.5,1.0]"], "scales=[0.5, 1.0]: a streamed TIFF takes flip TTA only"),
+        (["crop=null"], "mode=slide needs crop=H or crop=[H,W]"),
+    ],
+)
+def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
+    exported, small_raster, tmp_path, capsys, overrides, message
+):
+    args = [
+        f"checkpoint={exported}",
+        f"input={small_raster}",
+        f"out={tmp_path / 'out'}",
+        "mode=slide",
+        "crop=64",
+    ]
+    assert main([*args, *overrides]) == 1
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_sixteen_bit_samples_are_refused_naming_the_type(tmp_path):
     deep = write_geotiff(tmp_path / "deep.tif", scene((64, 96)).astype(np.uint16) * 256)
     with pytest.raises(ValueError, match=r"deep\.tif holds uint16 samples; expected uint8"):
