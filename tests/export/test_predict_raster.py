@@ -102,40 +102,40 @@ def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(
     np.testing.assert_array_equal(read_band(whole), slide_mask(model, rgb, settings, info))
 
 
-def test_a_partial_mask_left_unreadable_starts_over(small_raster, tmp_path):
-    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
-    settings = SlideSettings(crop=(256, 256), stride=(256, 256), crop_batch_size=4)
+def stop_after_first_strip(model, info, raster: Path, out: Path, settings: SlideSettings) -> None:
+    """A run stopped right after its first strip is recorded, as a kill there would stop it."""
 
     def stop(rows: int) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        predict_raster(model, info, small_raster, tmp_path, settings, after_strip=stop)
+        predict_raster(model, info, raster, out, settings, after_strip=stop)
+
+
+def windows_at_first_batch(model, info, raster: Path, out: Path, settings: SlideSettings) -> tuple[int, Path]:
+    """(windows counted after the run's first batch, the mask): a fresh run counts one batch there."""
+    seen: list[int] = []
+    mask = predict_raster(model, info, raster, out, settings, lambda done, total: seen.append(done))
+    return seen[0], mask
+
+
+def test_a_partial_mask_left_unreadable_starts_over(small_raster, tmp_path):
+    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    settings = SlideSettings(crop=(256, 256), stride=(256, 256), crop_batch_size=4)
+    stop_after_first_strip(model, info, small_raster, tmp_path, settings)
     partial = outputs(tmp_path, small_raster)["partial"]
     partial.write_bytes(partial.read_bytes()[:200])  # a kill in the middle of a write
-    seen: list[int] = []
-    mask = predict_raster(
-        model, info, small_raster, tmp_path, settings, lambda done, total: seen.append(done)
-    )
-    assert seen[0] == 4  # the first batch of a fresh start
+    first, mask = windows_at_first_batch(model, info, small_raster, tmp_path, settings)
+    assert first == 4
     whole = predict_raster(model, info, small_raster, tmp_path / "whole", settings)
     np.testing.assert_array_equal(read_band(mask), read_band(whole))
 
 
 def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path):
-    raster = small_raster
     model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
-    settings = SlideSettings(crop=(512, 512), stride=(512, 512), crop_batch_size=4)
-
-    def stop(rows: int) -> None:
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        predict_raster(model, info, raster, tmp_path, settings, after_strip=stop)
-    seen: list[int] = []
+    stop_after_first_strip(model, info, small_raster, tmp_path, SlideSettings((512, 512), (512, 512)))
     other = SlideSettings(crop=(512, 512), stride=(256, 512), crop_batch_size=4)
-    predict_raster(model, info, raster, tmp_path, other, on_windows=lambda done, total: seen.append(done))
-    assert seen[0] == 4
+    assert windows_at_first_batch(model, info, small_raster, tmp_path, other)[0] == 4
 
 
 def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(exported, tmp_path):
