@@ -23,7 +23,7 @@ import numpy as np
 import rasterio
 import torch
 from rasterio.crs import CRS
-from rasterio.transform import from_origin
+from rasterio.transform import Affine
 from rasterio.windows import Window
 
 from ..checkpoints.loading import save_exported
@@ -60,7 +60,7 @@ def make_raster(path: Path, size: int) -> None:
         "count": 3,
         "dtype": "uint8",
         "crs": CRS.from_epsg(32633),
-        "transform": from_origin(500000.0, 4650000.0, 0.5, 0.5),
+        "transform": Affine(0.5, 0.0, 500000.0, 0.0, -0.5, 4650000.0),  # 0.5 m pixels, north up
         "tiled": True,
         "blockxsize": BLOCK,
         "blockysize": BLOCK,

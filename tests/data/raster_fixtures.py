@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import rasterio
 from rasterio.crs import CRS
-from rasterio.transform import from_origin
+from rasterio.transform import Affine
 
 CRS_UTM = CRS.from_epsg(32633)
-TRANSFORM = from_origin(500000.0, 4650000.0, 0.5, 0.5)
+TRANSFORM = Affine(0.5, 0.0, 500000.0, 0.0, -0.5, 4650000.0)  # 0.5 m pixels, north up
 CLASSES = ["background", "field", "water"]
 
 
