@@ -110,6 +110,8 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "data.num_workers": ("an integer >= 0", int_at_least(0)),
     "data.crop_size": ("a positive size: H or [H, W] in pixels", positive_size),
     "data.image_size": ("a positive size: H or [H, W] in pixels", positive_size),
+    "data.window_size": ("a positive size: H or [H, W] in pixels", positive_size),
+    "data.windows_per_split": ("an integer >= 1", int_at_least(1)),
     "data.ratio_range": (
         "[low, high] with 0 < low <= high",
         lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and 0 < v[0] <= v[1],
@@ -134,6 +136,7 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "num_examples": ("an integer >= 0", int_at_least(0)),
     "crop_batch_size": ("an integer >= 1", int_at_least(1)),
     "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+    "stream": ("true or false", lambda v: isinstance(v, bool)),
     "opset": ("an ONNX opset, an integer >= 17", int_at_least(17)),
     "height": ("an integer >= 1 (pixels)", int_at_least(1)),
     "width": ("an integer >= 1 (pixels)", int_at_least(1)),

@@ -107,3 +107,8 @@ def test_a_non_tiff_image_is_refused_by_name(tmp_path):
     Image.fromarray(bands.transpose(1, 2, 0)).save(root / "images" / "train" / "s01.png")
     with pytest.raises(DataError, match=r"image .*s01\.png is not a TIFF raster"):
         RasterLayout(root).dataset("train")
+
+
+def test_raster_options_out_of_range_are_named_before_reading(root, capsys):
+    assert doctor(["data=raster", f"data.root={root}", "data.windows_per_split=0"]) == 2
+    assert "data.windows_per_split=0: expected an integer >= 1" in capsys.readouterr().err

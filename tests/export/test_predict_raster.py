@@ -209,3 +209,8 @@ def test_a_mask_on_another_grid_is_named(tmp_path):
         check_pair(image, smaller)
     with pytest.raises(ValueError, match=r"mask .*moved\.tif has CRS EPSG:4326; its image .*has EPSG:32633"):
         check_pair(image, moved)
+
+
+def test_a_stream_value_that_is_not_a_boolean_is_named(tmp_path, capsys):
+    assert main(["checkpoint=m", "input=i.tif", f"out={tmp_path / 'out'}", "stream=maybe"]) == 2
+    assert "stream='maybe': expected true or false" in capsys.readouterr().err
