@@ -11,8 +11,9 @@ import sys
 import time
 
 import pytest
-from reliability_fixtures import TINY, run_train
+from reliability_fixtures import TINY
 
+from segattn import cli
 from segattn.training.rundir import LOCK, RunDirLockedError, run_dir_lock
 
 
@@ -61,21 +62,23 @@ def test_a_killed_runs_lock_is_taken_over_and_released(tmp_path):
     assert not lock.exists()
 
 
-@pytest.mark.slow
-def test_a_second_train_py_in_a_held_run_dir_fails_at_once(tmp_path, live_pid):
-    """The second run exits 1 with one line naming the lock and its holder, before writing anything."""
+def test_a_second_train_py_in_a_held_run_dir_fails_at_once(tmp_path, live_pid, monkeypatch, capsys):
+    """train.py's Hydra app, in-process: the second run exits 1 with one line naming the lock and its
+    holder, before writing anything into the first run's directory."""
     run_dir = tmp_path / "job42"
     write_lock(run_dir, live_pid)
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "config.yaml").write_text("the first run's config\n")
+    argv = [f"paths.log_dir={tmp_path}", f"hydra.run.dir={run_dir}", "hydra/job_logging=none", *TINY]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv, "logger=none"])
     started = time.monotonic()
-    second = run_train(tmp_path, *TINY, "logger=none", run="job42", timeout=120)
-    assert second.returncode == 1
-    assert second.stderr.strip().splitlines() == [
-        f"train_with_faults.py: run dir {run_dir} is in use by another run: {run_dir / LOCK} is held by pid "
+    with pytest.raises(SystemExit) as ended:
+        cli.train()
+    assert ended.value.code == 1 and time.monotonic() - started < 30
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"train.py: run dir {run_dir} is in use by another run: {run_dir / LOCK} is held by pid "
         f"{live_pid} on host {socket.gethostname()}; wait for it to end, use another hydra.run.dir, or "
         "delete the lock file if that run is gone"
     ]
-    assert time.monotonic() - started < 60
     assert (run_dir / ".hydra" / "config.yaml").read_text() == "the first run's config\n"
     assert sorted(path.name for path in run_dir.iterdir()) == [".hydra", LOCK]
