@@ -183,9 +183,9 @@ def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--probe-timeout", type=float, help="seconds before a maxres probe counts as too slow")
     group.add_argument(
         "--only",
-        choices=["train", "costs"],
-        help="one phase: train the runs, or measure the costs into costs.json (e.g. while another process "
-        "trains); rerun without it for the table",
+        choices=["train", "costs", "table"],
+        help="one phase: train the runs; measure the costs into costs.json (e.g. while another process "
+        "trains); or table the runs finished so far (nothing trained). Without it: all three",
     )
 
 

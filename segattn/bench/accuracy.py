@@ -8,7 +8,8 @@ table. Costs are measured after training, in one process for all variants so tha
 ``bench model``'s training step at the experiment's batch and crop (time round-robin, peak memory in
 fresh children) and ``bench maxres``'s largest square image at batch 1 within a memory budget. Costs are
 kept in ``costs.json`` as they are measured (the step block whole, maxres per variant) and reused by a
-rerun with the same recipe and settings; ``only="costs"`` measures them while another process trains.
+rerun with the same recipe and settings; ``only="costs"`` measures them while another process trains, and
+``only="table"`` tables the runs finished so far without training the rest.
 Results: ``accuracy.csv`` (one row per run), ``accuracy_table.csv`` / ``accuracy.md`` (one row per
 variant) and ``accuracy.png`` (mIoU against time per step, marker area = peak memory).
 """
@@ -52,7 +53,7 @@ class AccuracySettings:
     maxres_max_size: int = 16384
     maxres_timeout: float = 300.0
     clock: str = "wall"  # step timing clock: wall, or process CPU time (steady on a busy machine)
-    only: str | None = None  # "train" or "costs": one phase; None: both, then the table
+    only: str | None = None  # "train", "costs" or "table" (of the finished runs): one phase; None: all
 
 
 def default_variants(smoke: bool) -> list[str]:
@@ -149,9 +150,14 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
         progress(
             f"accuracy: {run_dir.name} test mIoU {summary['test']['mIoU']:.2f} in {elapsed / 60:.1f} min"
         )
+    return row | finished_row(run_dir, summary)
+
+
+def finished_row(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's columns of ``accuracy.csv``: its test scores, steps and training time."""
     seconds_file = run_dir / "train_seconds.txt"
     test = summary["test"]
-    return row | {
+    return {
         "status": "ok",
         "test_mIoU": test["mIoU"],
         "test_mAcc": test["mAcc"],
@@ -161,6 +167,19 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
         "train_seconds": float(seconds_file.read_text()) if seconds_file.is_file() else None,
         "note": "",
     }
+
+
+def finished_runs(settings: AccuracySettings, out_dir: Path) -> list[dict[str, Any]]:
+    """The runs that have test scores, in the table's order; nothing is trained."""
+    rows = []
+    for seed in settings.seeds:
+        for variant in settings.variants:
+            run_dir = out_dir / "runs" / run_name(variant, seed)
+            summary = read_summary(run_dir)
+            if summary is not None:
+                rows.append({"variant": variant.label, "seed": seed, "run_dir": str(run_dir)})
+                rows[-1].update(finished_row(run_dir, summary))
+    return rows
 
 
 def train_all(settings: AccuracySettings, out_dir: Path) -> list[dict[str, Any]]:
@@ -352,7 +371,7 @@ def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list
         measure_costs(settings, recipe, device, out_dir)
         console.print(f"accuracy: costs in {out_dir / COSTS_FILE}; rerun without --only for the table")
         return []
-    runs = train_all(settings, out_dir)
+    runs = finished_runs(settings, out_dir) if settings.only == "table" else train_all(settings, out_dir)
     write_csv(out_dir / "accuracy.csv", runs)
     failed = [r for r in runs if r["status"] != "ok"]
     progress(f"accuracy: {len(runs) - len(failed)} runs finished, {len(failed)} failed")

@@ -171,8 +171,8 @@ def test_bench_op_compile_times_a_compiled_twin_beside_each_variant(tmp_path):
 @pytest.mark.slow
 def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
     """Costs measured alone first (--only costs), then two variants trained through train.py, tested, and
-    tabled with those costs reused; a rerun keeps finished runs and resumes an interrupted one from its
-    last.ckpt instead of starting over."""
+    tabled with those costs reused; --only table tables the finished runs without training; a rerun keeps
+    finished runs and resumes an interrupted one from its last.ckpt instead of starting over."""
     args = ["accuracy", "--smoke", "--device", "cpu", "--threads", "1", "--out", str(tmp_path)]
     main([*args, "--only", "costs"])
     assert not (tmp_path / "runs").exists()
@@ -195,6 +195,10 @@ def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
     finished, interrupted = (tmp_path / "runs" / name for name in ("sra-seed0", "linear-seed0"))
     finished_log = (finished / "train_stdout.log").stat().st_size
     (interrupted / "summary.json").unlink()  # as if killed after its last checkpoint, before testing
+    interrupted_log = (interrupted / "train_stdout.log").stat().st_size
+    main([*args, "--only", "table"])  # the finished run alone, nothing trained
+    assert [r["variant"] for r in read_csv(tmp_path / "accuracy.csv")] == ["sra"]
+    assert (interrupted / "train_stdout.log").stat().st_size == interrupted_log
     main(args)
     assert (finished / "train_stdout.log").stat().st_size == finished_log  # not trained again
     assert ": resuming from " in (interrupted / "train_stdout.log").read_text()
