@@ -1,6 +1,12 @@
 """segattn: semantic-segmentation transformers with linear attention for high-resolution images."""
 
+import os
+
 __version__ = "0.1.0"
+
+# albumentations asks PyPI for its latest version on import (a network call, and a warning on stderr when
+# offline); segattn runs without network, so the check is off unless the user sets the variable.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 
 def __getattr__(name: str):

@@ -96,6 +96,7 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
             or (isinstance(v, str) and v.replace(",", "").isdigit())
         ),
     ),
+    "trainer.num_nodes": ("an integer >= 1", int_at_least(1)),
     "trainer.precision": (f"one of {', '.join(PRECISIONS)}", lambda v: str(v) in PRECISIONS),
     "trainer.log_every_n_steps": ("an integer >= 1", int_at_least(1)),
     "trainer.accumulate_grad_batches": ("an integer >= 1", int_at_least(1)),
