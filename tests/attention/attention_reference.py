@@ -62,6 +62,17 @@ def build_for_tokens(name: str, options: dict[str, Any], dim: int, heads: int, t
     return module
 
 
+def build_perturbed(name: str, options: dict[str, Any], dim: int, heads: int, tokens: int) -> AttentionBase:
+    """The variant in eval mode (no Performer redraw between runs) with every parameter moved off its
+    initial value (FLatten's ``scale`` starts at 0), seeded."""
+    torch.manual_seed(0)
+    module = build_for_tokens(name, options, dim, heads, tokens).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return module
+
+
 def variant_id(name: str, options: dict[str, Any]) -> str:
     return "-".join([name, *(str(value) for value in options.values())])
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from attention_reference import all_variants, build_for_tokens, parametrize_variants
+from attention_reference import all_variants, build_perturbed, parametrize_variants
 from torch import Tensor
 
 from segattn.attention.fused_focus import FocusedAttention
@@ -43,14 +43,7 @@ def expected_functions(name: str, options: dict[str, Any]) -> set[type[torch.aut
 
 
 def build(name: str, options: dict[str, Any]) -> torch.nn.Module:
-    """The variant in eval mode (no Performer redraw between runs) with every parameter moved off its
-    initial value (FLatten's ``scale`` starts at 0), seeded."""
-    torch.manual_seed(0)
-    module = build_for_tokens(name, options, DIM, HEADS, TOKENS).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    return module
+    return build_perturbed(name, options, DIM, HEADS, TOKENS)
 
 
 def forward_and_gradients(module: torch.nn.Module) -> tuple[Tensor, list[Tensor]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from attention_reference import (
     KNOWN_VARIANTS,
@@ -43,6 +44,11 @@ TOLERANCE: dict[str, tuple[float, float | None]] = {
 }
 DEFAULT_TOLERANCE = (0.02, 0.06)  # a variant not listed above
 
+# The CUDA case runs where a GPU is lent (CI has none); README, "On a GPU".
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
 BF16_ROUNDING = 2.0**-8  # round-to-nearest bf16 moves a value by at most this fraction of itself
 
 
@@ -51,15 +57,18 @@ def relative_error(approx: Tensor, exact: Tensor) -> float:
 
 
 @parametrize_variants(all_variants())
-def test_bf16_autocast_with_large_activations_at_16k_tokens(name: str, options: dict[str, Any]) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_autocast_with_large_activations_at_16k_tokens(
+    name: str, options: dict[str, Any], device: str
+) -> None:
     hw = (128, 128)
     torch.manual_seed(0)
-    module = build_for_tokens(name, options, 32, 2, hw[0] * hw[1])
-    x = (torch.rand(1, hw[0] * hw[1], 32) * 100 - 50).requires_grad_()  # |x| up to 50
-    upstream = torch.randn(1, hw[0] * hw[1], 32)
+    module = build_for_tokens(name, options, 32, 2, hw[0] * hw[1]).to(device)
+    x = (torch.rand(1, hw[0] * hw[1], 32, device=device) * 100 - 50).requires_grad_()  # |x| up to 50
+    upstream = torch.randn(1, hw[0] * hw[1], 32, device=device)
 
     out_tolerance, grad_tolerance = TOLERANCE.get(variant_id(name, options), DEFAULT_TOLERANCE)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         out16 = module(x, hw)
     (grad16,) = torch.autograd.grad((out16.float() * upstream).sum(), x)
     assert out16.dtype == torch.bfloat16

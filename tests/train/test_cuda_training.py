@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,17 +19,11 @@ from segattn.training.losses import SegLoss
 from segattn.training.run import plain
 from segattn.training.run import run as train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.usefixtures("exact_fp32"),
+]
 LINEAR = ["efficient", "linear", "taylor", "flatten"]
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32() -> Iterator[None]:
-    """TF32 off for matmuls and convolutions, so fp32 means fp32 (cuDNN convolutions default to TF32)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def step(model: torch.nn.Module, images: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor]:
