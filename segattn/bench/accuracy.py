@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..attention import attention_class, attention_options
+from ..checkpoints.atomic import atomic_write
 from .maxres import MaxresSettings, find_maxres
 from .measure import total_memory_budget
 from .model import ModelSettings, measure_memory, time_steps
@@ -225,10 +226,8 @@ def read_costs(path: Path, key: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_costs(path: Path, costs: dict[str, Any]) -> None:
-    """Atomically: an interrupted write leaves the previous file, never half of one."""
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(costs, indent=2) + "\n")
-    partial.replace(path)
+    """Crash-safe: an interrupted write leaves the previous file, never half of one."""
+    atomic_write(path, lambda handle: handle.write((json.dumps(costs, indent=2) + "\n").encode()))
 
 
 def measure_costs(

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -33,8 +34,8 @@ def fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj)`` to ``path`` through a fsync'ed temporary file and an atomic rename."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(handle)`` into ``path`` through a fsync'ed temporary file and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in temp_files(path):  # partial writes of a killed earlier process
@@ -43,7 +44,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 & ~umask, like open()
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
@@ -51,6 +52,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         temp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj)`` to ``path``, crash-safe (``atomic_write``)."""
+    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
