@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checkpoints.atomic import atomic_write
 from .image_io import normalize, save_rgb
 from .raster import (
     BLOCK,
@@ -81,10 +82,9 @@ def resume_row(files: dict[str, Path], key: dict[str, Any], size: tuple[int, int
 
 
 def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> None:
-    """Write the progress record through a temporary file: a kill leaves the old record or the new."""
-    temp = files["progress"].with_suffix(".tmp")
-    temp.write_text(json.dumps({"key": key, "rows": rows}))
-    fsync_replace(temp, files["progress"])
+    """Write the progress record crash-safe: a kill leaves the old record or the new."""
+    record = json.dumps({"key": key, "rows": rows}).encode()
+    atomic_write(files["progress"], lambda handle: handle.write(record))
 
 
 def raster_strips(
