@@ -19,6 +19,7 @@ from .functional_approx import (
     positive_random_features,
     segment_means,
 )
+from .functional_lite import lite_linear_attention
 from .registry import (
     ATTENTION_REGISTRY,
     attention_class,
@@ -41,6 +42,7 @@ __all__ = [
     "kernel_attention",
     "linear_attention",
     "linformer_attention",
+    "lite_linear_attention",
     "nystrom_attention",
     "orthogonal_random_features",
     "performer_attention",

@@ -10,6 +10,7 @@ from .efficient import EfficientAttention
 from .flatten import FocusedLinearAttention
 from .linear import LinearAttention
 from .linformer import LinformerAttention
+from .litemla import LiteMultiScaleAttention
 from .nystrom import NystromAttention
 from .performer import PerformerAttention
 from .softmax import SoftmaxAttention
@@ -26,6 +27,7 @@ ATTENTION_REGISTRY: dict[str, type[AttentionBase]] = {
     "linformer": LinformerAttention,
     "nystrom": NystromAttention,
     "sra": SpatialReductionAttention,
+    "litemla": LiteMultiScaleAttention,
 }
 
 
