@@ -16,10 +16,13 @@ from torch import nn
 from segattn.attention import attention_class
 
 from .blocks import AttentionSpec
+from .efficientvit import create_efficientvit
 from .encoder import Encoder
-from .heads import FCNHead, LinearHead, MLPHead, PUPHead
+from .heads import EfficientViTHead, FCNHead, LinearHead, MLPHead, PUPHead
 from .options import (
     CommonOptions,
+    EfficientViTHeadOptions,
+    EfficientViTOptions,
     NoHeadOptions,
     PVTOptions,
     UNetHeadOptions,
@@ -65,6 +68,9 @@ MODEL_FAMILIES: dict[str, Family] = {
     "vit": Family(ViTOptions, lambda o, attn: create_vit(attn, o), "linear", ATTENTION),
     "pvt": Family(PVTOptions, lambda o, attn: create_pvt(attn, o), "mlp", ATTENTION),
     "unet": Family(UNetOptions, lambda o, attn: create_unet_encoder(o), "unet", frozenset()),
+    "efficientvit": Family(
+        EfficientViTOptions, lambda o, attn: create_efficientvit(attn, o), "efficientvit", ATTENTION
+    ),
 }
 HEADS: dict[str, Head] = {
     "linear": Head(
@@ -90,6 +96,19 @@ HEADS: dict[str, Head] = {
             enc.out_channels, c.num_classes, attn, c.head_channels, c.dropout, o.head_mlp_ratio
         ),
         frozenset({"head_channels", "dropout"}) | ATTENTION,
+    ),
+    "efficientvit": Head(
+        EfficientViTHeadOptions,
+        lambda enc, c, o, attn: EfficientViTHead(
+            enc.out_channels,
+            c.num_classes,
+            c.head_channels,
+            o.head_depth,
+            o.head_expand_ratio,
+            o.head_final_expand,
+            c.dropout,
+        ),
+        frozenset({"head_channels", "dropout"}),
     ),
 }
 
@@ -217,7 +236,8 @@ def build_model(
     """Build model family ``name`` with attention ``attention`` everywhere it mixes tokens.
 
     ``family_options`` are the options declared in ``options.py``: ``CommonOptions`` (less the four above),
-    the family's (``ViTOptions``, ``PVTOptions``, ``UNetOptions``) and the head's (``UNetHeadOptions``);
+    the family's (``ViTOptions``, ``PVTOptions``, ``UNetOptions``, ``EfficientViTOptions``) and the head's
+    (``UNetHeadOptions``, ``EfficientViTHeadOptions``);
     see ``parse_options`` for what is refused. The call's kwargs, as plain Python values, are kept in
     ``model.config`` so that ``build_model(**model.config)`` rebuilds the same architecture.
     """

@@ -10,6 +10,7 @@ import math
 
 import torch.nn.functional as F
 from timm.layers import ConvNormAct
+from timm.models.efficientvit_mit import MBConv, ResidualBlock
 from torch import Tensor, nn
 
 
@@ -102,3 +103,56 @@ class FCNHead(nn.Module):
 
     def forward(self, features: list[Tensor]) -> Tensor:
         return self.classifier(self.dropout(self.conv(features[self.level])))
+
+
+class EfficientViTHead(nn.Module):
+    """EfficientViT-Seg's head (Cai et al. 2023, arXiv 2205.14756): the three deepest levels (strides 8, 16,
+    32 on EfficientViT) each through a 1×1 conv + BN onto ``channels``, bilinearly upsampled to the
+    shallowest of them and summed; ``depth`` residual MBConv blocks (hardswish) there; a 1×1 conv-BN-
+    hardswish widening to ``channels · final_expand``; dropout; 1×1 classifier. Logits at that level's stride.
+    """
+
+    def __init__(
+        self,
+        in_channels: list[int],
+        num_classes: int,
+        channels: int = 32,
+        depth: int = 1,
+        expand_ratio: float = 4.0,
+        final_expand: float = 4.0,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.levels = list(range(len(in_channels)))[-3:]
+        self.inputs = nn.ModuleList(
+            ConvNormAct(in_channels[i], channels, 1, apply_act=False) for i in self.levels
+        )
+        self.middle = nn.Sequential(
+            *(
+                ResidualBlock(
+                    MBConv(
+                        channels,
+                        channels,
+                        expand_ratio=expand_ratio,
+                        act_layer=(nn.Hardswish, nn.Hardswish, None),
+                    ),
+                    nn.Identity(),
+                )
+                for _ in range(depth)
+            )
+        )
+        final = round(channels * final_expand)
+        self.final = ConvNormAct(channels, final, 1, act_layer=nn.Hardswish)
+        self.dropout = nn.Dropout2d(dropout)
+        self.classifier = nn.Conv2d(final, num_classes, 1)
+
+    def forward(self, features: list[Tensor]) -> Tensor:
+        size = features[self.levels[0]].shape[-2:]
+        fused = None
+        for level, project in zip(self.levels, self.inputs, strict=True):
+            x = project(features[level])
+            if x.shape[-2:] != size:
+                x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+            fused = x if fused is None else fused + x
+        return self.classifier(self.dropout(self.final(self.middle(fused))))

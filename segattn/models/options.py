@@ -18,9 +18,9 @@ class CommonOptions:
     """Options of every family, whatever its head."""
 
     num_classes: int
-    attention: str = "softmax"  # zoo variant of every attention block: encoder (vit, pvt), unet head
+    attention: str = "softmax"  # zoo variant of every attention block: encoders but unet, unet head
     attention_options: dict[str, Any] = field(default_factory=dict)
-    head: str | None = None  # linear | pup | mlp | unet; None: the family's default head
+    head: str | None = None  # linear | pup | mlp | unet | efficientvit; None: the family's default head
     head_channels: int = 256  # hidden width of the pup / mlp / unet head and of the aux head (linear: none)
     dropout: float = 0.1  # before the classifier of the head and of the aux head
     aux_head: bool = False  # auxiliary FCN head on the second-deepest features
@@ -70,6 +70,18 @@ class UNetOptions:
     encoder: str = "resnet18"  # resnet18 | resnet34 | resnet50 | convnext_tiny | any features_only CNN
 
 
+@dataclass(frozen=True)
+class EfficientViTOptions:
+    """EfficientViT-B (``efficientvit.create_efficientvit``); ``widths``, ``depths``, ``head_dim`` given
+    override the ``size``'s."""
+
+    size: str = "b0"  # b0 | b1 | b2 | b3 (timm's efficientvit_b*)
+    widths: list[int] | None = None  # stem, then the 4 stages
+    depths: list[int] | None = None  # stem blocks, then blocks per stage
+    head_dim: int | None = None  # attention head width of stages 3-4: heads = width // head_dim
+    expand_ratio: float = 4.0  # MBConv expansion
+
+
 # -- heads: options only one head takes ----------------------------------------------------------------
 # A head's options are accepted by every family. Given to another head, None or the default is accepted
 # (a config may list them for every head) and anything else refused; None given to the head itself means
@@ -87,3 +99,12 @@ class UNetHeadOptions:
     """The UNet attention decoder (``unet.UNetDecoder``)."""
 
     head_mlp_ratio: float = 2.0  # MixFFN hidden width / width after each decoder attention block
+
+
+@dataclass(frozen=True)
+class EfficientViTHeadOptions:
+    """The EfficientViT-Seg head (``heads.EfficientViTHead``)."""
+
+    head_depth: int = 1  # residual MBConv blocks at the fused stride (EfficientViT-Seg: b0 1, b1-b3 3)
+    head_expand_ratio: float = 4.0  # their expansion
+    head_final_expand: float = 4.0  # width of the 1×1 conv before the classifier / head_channels

@@ -18,6 +18,7 @@ TINY_FAMILY_OPTIONS = {
         "head_channels": 16,
     },
     "unet": {"encoder": "test_resnet", "head_channels": 32},
+    "efficientvit": {"widths": [8, 8, 16, 16, 32], "depths": [1, 1, 1, 1, 1], "head_channels": 16},
 }
 # Linformer's learned sequence projections must cover the largest grid (128×160 padded input at stride 4
 # = 1280 tokens); short projections, few landmarks / random features keep the approximations cheap (16

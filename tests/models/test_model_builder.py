@@ -14,8 +14,11 @@ from segattn.models import available_heads, available_models, build_model
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"name": "resnet"}, "unknown model 'resnet'; expected one of: pvt, unet, vit"),
-        ({"name": "vit", "head": "fpn"}, "unknown head 'fpn'; expected one of: linear, mlp, pup, unet"),
+        ({"name": "resnet"}, "unknown model 'resnet'; expected one of: efficientvit, pvt, unet, vit"),
+        (
+            {"name": "vit", "head": "fpn"},
+            "unknown head 'fpn'; expected one of: efficientvit, linear, mlp, pup, unet",
+        ),
         ({"name": "vit", "depht": 2}, "model 'vit' with head 'linear' has no option 'depht'"),
         ({"name": "vit", "size": "huge"}, "vit: size='huge'; expected one of"),
         ({"name": "pvt", "size": "b9"}, "pvt: size='b9'; expected one of"),
@@ -23,6 +26,8 @@ from segattn.models import available_heads, available_models, build_model
         ({"name": "vit", "attention": "flash"}, "unknown attention 'flash'"),
         ({"name": "pvt", "attention_options": {"sr_ratio": 2}}, "set the per-stage model.sr_ratios"),
         ({"name": "unet", "encoder": "resnet_nope"}, "unet: encoder='resnet_nope' is not a timm CNN"),
+        ({"name": "efficientvit", "size": "b9"}, "efficientvit: size='b9'; expected one of"),
+        ({"name": "efficientvit", "head_dim": 24}, "efficientvit: head_dim=24 does not divide"),
     ],
 )
 def test_clear_errors(kwargs: dict, message: str) -> None:

@@ -19,12 +19,18 @@ from segattn.models import (
     build_model,
     model_options,
 )
-from segattn.models.heads import LinearHead, MLPHead, PUPHead
+from segattn.models.heads import EfficientViTHead, LinearHead, MLPHead, PUPHead
 from segattn.models.options import CommonOptions
 from segattn.models.unet import UNetDecoder
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-HEAD_CLASSES = {"linear": LinearHead, "pup": PUPHead, "mlp": MLPHead, "unet": UNetDecoder}
+HEAD_CLASSES = {
+    "linear": LinearHead,
+    "pup": PUPHead,
+    "mlp": MLPHead,
+    "unet": UNetDecoder,
+    "efficientvit": EfficientViTHead,
+}
 FAMILY_HEADS = [(name, head) for name in available_models() for head in available_heads()]
 
 

@@ -25,7 +25,7 @@ SLIDE_40 = ["validation.mode=slide", "validation.crop_size=[40,40]"]
             [*VIT, "attention.name=nope"],
             "unknown attention 'nope'; expected one of: efficient, flatten, linear, ",
         ),
-        ([*VIT, "model.name=nope"], "unknown model 'nope'; expected one of: pvt, unet, vit"),
+        ([*VIT, "model.name=nope"], "unknown model 'nope'; expected one of: efficientvit, pvt, unet, vit"),
         (
             [*VIT, "data.name=nope"],
             "unknown dataset 'nope'; expected one of: ade20k, camvid, cityscapes, folder, ",

@@ -81,7 +81,7 @@ def test_pickle_bomb_is_refused_at_every_entry_point(tmp_path):
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"name": "os.system"}, "unknown model 'os.system'; expected one of: pvt, unet, vit"),
+        ({"name": "os.system"}, "unknown model 'os.system'; expected one of: efficientvit, pvt, unet, vit"),
         ({"attention": "os.system"}, "unknown attention 'os.system'"),
         ({"head": "subprocess.call"}, "unknown head 'subprocess.call'"),
         ({"_target_": "os.system", "command": "touch pwned"}, "segattn.model._target_ is refused"),

@@ -1,0 +1,218 @@
+"""EfficientViT-B encoder (Cai et al. 2023, arXiv 2205.14756) on timm's building blocks, with any attention.
+
+timm's ``efficientvit_b0..b3``: a stride-2 conv stem with depthwise-separable residual blocks, two MBConv
+stages (strides 4, 8) and two stages of EfficientViT blocks (strides 16, 32). A block is a context module
+(LiteMLA plus a residual) and then a local module (an MBConv plus a residual). Here the context module is
+the zoo attention chosen by ``attention=`` on the stage's token grid, with ``width // head_dim`` heads;
+``attention=litemla`` is timm's LiteMLA, so timm's weights load (``convert_state_dict``) and give timm's
+features. The stem, the downsampling and local blocks and their parameter names are timm's own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+from timm.models.efficientvit_mit import MBConv, ResidualBlock, Stem, build_local_block
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from segattn.attention import AttentionBase
+from segattn.layers import from_grid, to_grid
+
+from .blocks import AttentionSpec
+from .encoder import Encoder
+from .options import EfficientViTOptions
+
+EFFICIENTVIT_SIZES: dict[str, dict[str, Any]] = {  # timm's efficientvit_b0..b3 (stem width first)
+    "b0": {"widths": (8, 16, 32, 64, 128), "depths": (1, 2, 2, 2, 2), "head_dim": 16},
+    "b1": {"widths": (16, 32, 64, 128, 256), "depths": (1, 2, 3, 3, 4), "head_dim": 16},
+    "b2": {"widths": (24, 48, 96, 192, 384), "depths": (1, 3, 4, 4, 6), "head_dim": 32},
+    "b3": {"widths": (32, 64, 128, 256, 512), "depths": (1, 4, 6, 6, 9), "head_dim": 32},
+}
+NORM, ACT = nn.BatchNorm2d, nn.Hardswish  # timm's EfficientVit defaults
+# timm LiteMLA parameter → ours: its 1×1 convs are linear layers on tokens here ([out, in, 1, 1] → [out, in])
+LITEMLA_NAMES = {
+    "context_module.main.qkv.conv.": "attn.qkv.",
+    "context_module.main.aggreg.": "attn.aggreg.",
+    "context_module.main.proj.conv.": "attn.proj.0.",
+    "context_module.main.proj.norm.": "attn.proj.1.",
+}
+POINTWISE = ("attn.qkv.weight", "attn.proj.0.weight")
+
+
+class EfficientViTBlock(nn.Module):
+    """x + attn(x) on the [B, H·W, C] token grid, then timm's local module (MBConv + residual); NCHW."""
+
+    def __init__(self, dim: int, attn: AttentionBase, expand_ratio: float) -> None:
+        super().__init__()
+        self.attn = attn
+        self.local_module = ResidualBlock(
+            MBConv(
+                dim,
+                dim,
+                expand_ratio=expand_ratio,
+                use_bias=(True, True, False),
+                norm_layer=(None, None, NORM),
+                act_layer=(ACT, ACT, None),
+            ),
+            nn.Identity(),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        hw = (x.shape[2], x.shape[3])
+        x = x + to_grid(self.attn(from_grid(x), hw), hw)
+        return self.local_module(x)
+
+
+class EfficientViTStage(nn.Module):
+    """A stride-2 local block, then ``depth`` EfficientViT blocks (``attn_layer`` given) or ``depth - 1``
+    local residual blocks (timm's ``EfficientVitStage``, same parameter names)."""
+
+    def __init__(
+        self,
+        in_chs: int,
+        out_chs: int,
+        depth: int,
+        expand_ratio: float,
+        head_dim: int,
+        attn_layer: AttentionSpec | None,
+    ) -> None:
+        super().__init__()
+        vit_stage = attn_layer is not None
+        blocks: list[nn.Module] = [
+            ResidualBlock(
+                build_local_block(in_chs, out_chs, 2, expand_ratio, NORM, ACT, fewer_norm=vit_stage), None
+            )
+        ]
+        if attn_layer is not None:
+            blocks += [
+                EfficientViTBlock(out_chs, attn_layer(out_chs, out_chs // head_dim), expand_ratio)
+                for _ in range(depth)
+            ]
+        else:
+            blocks += [
+                ResidualBlock(build_local_block(out_chs, out_chs, 1, expand_ratio, NORM, ACT), nn.Identity())
+                for _ in range(depth - 1)
+            ]
+        self.blocks = nn.Sequential(*blocks)
+
+
+@contextmanager
+def running_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """BatchNorm layers inside ``module`` normalise with batch statistics (in training) but leave their
+    running statistics alone: a checkpointed block recomputed in backward updates them only once."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    tracked = [m.track_running_stats for m in norms]
+    for norm in norms:
+        norm.track_running_stats = False
+    try:
+        yield
+    finally:
+        for norm, track in zip(norms, tracked, strict=True):
+            norm.track_running_stats = track
+
+
+def checkpoint_contexts(block: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """``checkpoint``'s context_fn: nothing around the forward, running statistics frozen in the recompute."""
+    return nullcontext(), running_stats_frozen(block)
+
+
+class EfficientViT(Encoder):
+    """EfficientViT-B returning its four stages, [B, widths[i + 1], H / 2^(i+2), W / 2^(i+2)], i = 0..3."""
+
+    def __init__(
+        self,
+        attn_layer: AttentionSpec,
+        widths: tuple[int, ...] = EFFICIENTVIT_SIZES["b0"]["widths"],
+        depths: tuple[int, ...] = EFFICIENTVIT_SIZES["b0"]["depths"],
+        head_dim: int = 16,
+        expand_ratio: float = 4.0,
+        in_chans: int = 3,
+    ) -> None:
+        super().__init__()
+        if len(widths) != 5 or len(depths) != 5:
+            raise ValueError(
+                f"efficientvit: widths={list(widths)}, depths={list(depths)}; expected 5 entries each "
+                "(the stem, then 4 stages)"
+            )
+        if head_dim <= 0 or any(w % head_dim for w in widths[3:]):
+            raise ValueError(
+                f"efficientvit: head_dim={head_dim} does not divide the attention stages' widths "
+                f"{list(widths[3:])}; expected a positive divisor of both (e.g. 16 or 32)"
+            )
+        self.stem = Stem(in_chans, widths[0], depths[0], NORM, ACT)
+        self.stages = nn.ModuleList(
+            EfficientViTStage(
+                widths[i],
+                widths[i + 1],
+                depths[i + 1],
+                expand_ratio,
+                head_dim,
+                attn_layer if i >= 2 else None,
+            )
+            for i in range(4)
+        )
+        self.grad_checkpointing = False
+        self.out_channels = list(widths[1:])
+        self.out_strides = [4, 8, 16, 32]
+        self.stride = 32
+        self.stage_sizes = [len(stage.blocks) for stage in self.stages]
+        self.num_layers = sum(self.stage_sizes) + 1
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        x = self.stem(x)
+        features = []
+        for stage in self.stages:
+            for block in stage.blocks:
+                x = self.run_block(block, x)
+            features.append(x)
+        return features
+
+    def run_block(self, block: nn.Module, x: Tensor) -> Tensor:
+        if not (self.grad_checkpointing and torch.is_grad_enabled()):
+            return block(x)
+        # non-reentrant (DDP, inputs without grad); the recompute in backward leaves BatchNorm stats alone
+        return checkpoint(block, x, use_reentrant=False, context_fn=partial(checkpoint_contexts, block))
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute every block (stem excepted) in backward."""
+        self.grad_checkpointing = enable
+
+    def layer_id(self, name: str) -> int:
+        """0 for the stem; block j of stage i: 1 + the blocks of the stages before + j."""
+        if name.startswith("stem."):
+            return 0
+        _, stage, _, block, *_ = name.split(".")
+        return 1 + sum(self.stage_sizes[: int(stage)]) + int(block)
+
+    def convert_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+        """timm ``efficientvit_b*`` weights → ours: LiteMLA's names under ``attn.`` (``LITEMLA_NAMES``), its
+        1×1 conv weights squeezed to linear ones; the classifier head dropped."""
+        out = {}
+        for key, value in state_dict.items():
+            if key.startswith("head."):
+                continue
+            for theirs, ours in LITEMLA_NAMES.items():
+                key = key.replace(theirs, ours)
+            out[key] = value.flatten(1) if key.endswith(POINTWISE) and value.dim() == 4 else value
+        return out
+
+
+def create_efficientvit(
+    attn_layer: AttentionSpec, options: EfficientViTOptions | None = None, **overrides: Any
+) -> EfficientViT:
+    """An EfficientViT-B from ``options`` (``EfficientViTOptions``, defaults if None) with any field replaced
+    by ``overrides``: a named ``size`` (b0-b3) whose ``widths``, ``depths``, ``head_dim`` those given
+    override."""
+    o = replace(options or EfficientViTOptions(), **overrides)
+    if o.size not in EFFICIENTVIT_SIZES:
+        raise ValueError(f"efficientvit: size={o.size!r}; expected one of {sorted(EFFICIENTVIT_SIZES)}")
+    dims = dict(EFFICIENTVIT_SIZES[o.size])
+    overridden = {"widths": o.widths, "depths": o.depths, "head_dim": o.head_dim}
+    dims.update({k: tuple(v) if isinstance(v, list) else v for k, v in overridden.items() if v is not None})
+    return EfficientViT(attn_layer, expand_ratio=o.expand_ratio, **dims)
