@@ -27,6 +27,7 @@ from segattn.attention import (
     efficient_attention,
     focused_linear_attention,
     linear_attention,
+    lite_linear_attention,
     softmax_attention,
     taylor_attention,
 )
@@ -40,6 +41,7 @@ KNOWN_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("linear", {"feature_map": "relu"}),
     ("taylor", {}),
     ("flatten", {}),
+    ("litemla", {}),
 ]
 
 
@@ -137,6 +139,8 @@ def variant_weights(name: str, options: dict[str, Any], q: Tensor, k: Tensor) ->
         return taylor_weights(q, k)
     if name == "flatten":
         return focused_kernel_weights(q, k)
+    if name == "litemla":
+        return linear_weights(q, k, "relu", eps=1e-5)
     raise KeyError(name)
 
 
@@ -183,6 +187,7 @@ def function_of(name: str, options: dict[str, Any]) -> Callable[[Tensor, Tensor,
         "linear": lambda q, k, v: linear_attention(q, k, v, options.get("feature_map", "elu")),
         "taylor": taylor_attention,
         "flatten": focused_linear_attention,
+        "litemla": lite_linear_attention,
     }
     return functions[name]
 
@@ -191,6 +196,8 @@ def module_reference(module: torch.nn.Module, name: str, options: dict[str, Any]
     """A known variant's module output from its parameters: x -> qkv -> explicit W per head -> proj."""
     if name == "flatten":
         return flatten_reference(module, x, hw, options.get("focusing_factor", 3.0))
+    if name == "litemla":
+        return litemla_reference(module, x, hw)
     q, k, v = split_qkv(x, module.qkv.weight, module.qkv.bias, module.num_heads)
     return merge(variant_weights(name, options, q, k) @ v) @ module.proj.weight.T + module.proj.bias
 
@@ -218,6 +225,38 @@ def flatten_reference(module: torch.nn.Module, x: Tensor, hw, p: float = 3.0, ep
             per_head.append(attended + local)
         outputs.append(torch.cat(per_head, dim=-1))
     return torch.stack(outputs) @ module.proj.weight.T + module.proj.bias
+
+
+def litemla_reference(module: torch.nn.Module, x: Tensor, hw, eps: float = 1e-5) -> Tensor:
+    """LiteMLA (Cai et al. 2023) from the paper: one projection to [q_h, k_h, v_h] per head (d channels
+    each); per scale, every channel through a depthwise s×s conv and each head's q, k, v through its own
+    d×d 1×1 conv, giving as many heads again; per head W_ij = ReLU(q_i)·ReLU(k_j) / (Σ_j ReLU(q_i)·ReLU(k_j)
+    + eps) over the same scale's tokens; all heads' outputs concatenated, projected, BatchNorm (batch
+    statistics over B·N tokens in training, running ones in eval)."""
+    d = module.head_dim
+    qkv = x @ module.qkv.weight.T  # [B, N, 3C]
+    height, width = hw
+    scales = [qkv]
+    for depthwise, pointwise in module.aggreg:
+        mixed = []
+        for tokens in qkv:  # [N, 3C] -> [3C, H, W] (token n at row n // W, column n % W)
+            grid = depthwise_conv(
+                tokens.T.reshape(-1, height, width), depthwise.weight, torch.zeros(3 * x.shape[-1])
+            )
+            blocks = grid.reshape(-1, d, height * width)  # [3·heads, d, N]: one group per head and q/k/v
+            groups = pointwise.weight[:, :, 0, 0].reshape(-1, d, d)  # [3·heads, d_out, d_in]
+            mixed.append((groups @ blocks).reshape(-1, height * width).T)
+        scales.append(torch.stack(mixed))
+    heads = torch.cat(scales, dim=-1).unflatten(-1, (-1, 3, d))  # [B, N, (1 + S)·heads, 3, d]
+    q, k, v = (heads[..., i, :].transpose(1, 2) for i in range(3))  # [B, heads', N, d]
+    out = merge(linear_weights(q, k, "relu", eps) @ v) @ module.proj[0].weight.T  # [B, N, C]
+    norm = module.proj[1]
+    if norm.training:
+        mean = out.mean(dim=(0, 1))
+        var = ((out - mean) ** 2).mean(dim=(0, 1))
+    else:
+        mean, var = norm.running_mean, norm.running_var
+    return (out - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
 
 
 class ShapeRecorder(TorchDispatchMode):
