@@ -103,23 +103,25 @@ class EfficientViTStage(nn.Module):
 
 
 @contextmanager
-def running_stats_frozen(module: nn.Module) -> Iterator[None]:
-    """BatchNorm layers inside ``module`` normalise with batch statistics (in training) but leave their
-    running statistics alone: a checkpointed block recomputed in backward updates them only once."""
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """BatchNorm running statistics inside ``module`` are what they were on entry once the block exits: a
+    checkpointed block recomputed in backward (batch statistics, as in its forward) updates them once."""
     norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    tracked = [m.track_running_stats for m in norms]
-    for norm in norms:
-        norm.track_running_stats = False
+    buffers = [
+        b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
+    ]
+    saved = [b.clone() for b in buffers]
     try:
         yield
     finally:
-        for norm, track in zip(norms, tracked, strict=True):
-            norm.track_running_stats = track
+        with torch.no_grad():
+            for buffer, value in zip(buffers, saved, strict=True):
+                buffer.copy_(value)
 
 
 def checkpoint_contexts(block: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """``checkpoint``'s context_fn: nothing around the forward, running statistics frozen in the recompute."""
-    return nullcontext(), running_stats_frozen(block)
+    """``checkpoint``'s context_fn: nothing around the forward, running statistics kept in the recompute."""
+    return nullcontext(), running_stats_kept(block)
 
 
 class EfficientViT(Encoder):

@@ -19,6 +19,11 @@ def watched_modules(model: Segmentor, name: str) -> list[nn.Module]:
         return [model.encoder.blocks[0].attn]
     if name == "pvt":
         return [model.encoder.stages[0].blocks[0].attn]
+    if name == "efficientvit":  # a stride-4 MBConv block and an attention block
+        return [
+            model.encoder.stages[0].blocks[0].main.inverted_conv,
+            model.encoder.stages[2].blocks[1].attn.qkv,
+        ]
     return [model.encoder.model.layer2[0].conv1, model.head.attn_blocks[0].attn]
 
 
@@ -35,7 +40,7 @@ def gradients_and_calls(model: Segmentor, name: str, images: torch.Tensor, targe
     return grads, [calls.count(i) for i in range(len(handles))]
 
 
-@pytest.mark.parametrize("name", ["vit", "pvt", "unet"])
+@pytest.mark.parametrize("name", ["vit", "pvt", "unet", "efficientvit"])
 def test_checkpointing_recomputes_and_keeps_gradients(build_tiny, name: str) -> None:
     torch.manual_seed(0)
     plain = build_tiny(name, "flatten", dropout=0.0).train()
