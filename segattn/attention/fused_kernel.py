@@ -134,7 +134,12 @@ class KernelAttention(torch.autograd.Function):
             values = v.to(dtype)
             kv = context(keys, values, factor, normalized)
             bias = taylor_bias(values, k.shape[-2]) if taylor else None
-            out = empty_in_order(v, v.dtype)
+            # one output row per query; keys/values may be fewer (PVT's spatial reduction)
+            out = (
+                empty_in_order(v, v.dtype)
+                if v.shape[-2] == q.shape[-2]
+                else v.new_empty(a.shape[:-1] + v.shape[-1:])
+            )
             inv = apply_context(a, kv, bias, eps, out)
         ctx.maps, ctx.factor = (phi_q, phi_k), factor
         ctx.save_for_backward(

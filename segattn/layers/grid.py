@@ -3,6 +3,7 @@ explicitly (never inferred from N). Attention variants and encoders convert thro
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor
 
 HW = tuple[int, int]
@@ -17,3 +18,13 @@ def to_grid(x: Tensor, hw: HW) -> Tensor:
 def from_grid(x: Tensor) -> Tensor:
     # [B, C, H, W] -> [B, N, C]
     return x.flatten(2).transpose(1, 2)
+
+
+def resample_grid_embedding(embedding: Tensor, stored: HW, hw: HW) -> Tensor:
+    """A learned per-position embedding [1, h·w, C] stored on the ``stored`` (h, w) grid, bilinearly resampled
+    to ``hw`` (align_corners=False, as PVT v1 resamples its position embeddings): [1, H·W, C]. At the stored
+    grid the stored tensor itself is returned, so a model at its pretraining resolution sees it unchanged."""
+    if tuple(stored) == tuple(hw):
+        return embedding
+    grid = to_grid(embedding, stored)  # [1, C, h, w]
+    return from_grid(F.interpolate(grid, size=tuple(hw), mode="bilinear", align_corners=False))
