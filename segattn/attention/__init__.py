@@ -10,6 +10,7 @@ from .functional import (
     softmax_attention,
     taylor_attention,
 )
+from .functional_agent import adaptive_pooling_matrix, agent_attention, agent_tokens, pola_attention
 from .functional_approx import (
     iterative_pinv,
     linformer_attention,
@@ -31,6 +32,9 @@ from .registry import (
 __all__ = [
     "ATTENTION_REGISTRY",
     "AttentionBase",
+    "adaptive_pooling_matrix",
+    "agent_attention",
+    "agent_tokens",
     "attention_class",
     "attention_options",
     "available_attention",
@@ -46,6 +50,7 @@ __all__ = [
     "nystrom_attention",
     "orthogonal_random_features",
     "performer_attention",
+    "pola_attention",
     "positive_random_features",
     "segment_means",
     "softmax_attention",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from .agent import AgentAttention
 from .base import AttentionBase
 from .efficient import EfficientAttention
 from .flatten import FocusedLinearAttention
@@ -13,6 +14,7 @@ from .linformer import LinformerAttention
 from .litemla import LiteMultiScaleAttention
 from .nystrom import NystromAttention
 from .performer import PerformerAttention
+from .pola import PolaAttention
 from .softmax import SoftmaxAttention
 from .sra import SpatialReductionAttention
 from .taylor import TaylorAttention
@@ -28,6 +30,8 @@ ATTENTION_REGISTRY: dict[str, type[AttentionBase]] = {
     "nystrom": NystromAttention,
     "sra": SpatialReductionAttention,
     "litemla": LiteMultiScaleAttention,
+    "agent": AgentAttention,
+    "pola": PolaAttention,
 }
 
 

@@ -59,7 +59,8 @@ class PVTOptions:
     depths: list[int] | None = None
     num_heads: list[int] | None = None
     mlp_ratios: list[float] | None = None
-    sr_ratios: Sequence[int] = (8, 4, 2, 1)  # spatial reduction of variants that take sr_ratio
+    # spatial reduction of variants taking sr_ratio; None: (8, 4, 2, 1) for softmax/sra, none for agent/pola
+    sr_ratios: Sequence[int] | None = None
     drop_path_rate: float = 0.0
 
 

@@ -1,8 +1,10 @@
 """Hierarchical PVTv2 / SegFormer-MiT encoder: four stages at strides 4, 8, 16, 32, any attention per block.
 
 Overlapping patch embeddings (7×7 stride 4, then 3×3 stride 2) and Mix-FFN give position information at
-any resolution. With ``softmax`` (any variant that accepts ``sr_ratio``) each stage reduces keys/values
-by its ``sr_ratios`` entry, which reproduces PVTv2; linear variants attend at full resolution.
+any resolution. Variants that accept ``sr_ratio`` reduce each stage's keys/values by its ``sr_ratios``
+entry; by default (``sr_ratios=None``) the quadratic ones (softmax, sra) by PVTv2's (8, 4, 2, 1) and the
+linear ones (agent, pola) not at all, as in the released Agent-PVT and PolaFormer-PVT; linear variants
+without the option attend at full resolution.
 Parameter names equal timm's ``PyramidVisionTransformerV2`` except that timm's ``attn.q`` and ``attn.kv``
 are one ``attn.qkv`` here (rows [0:C] and [C:3C]); ``convert_state_dict`` concatenates them.
 """
@@ -16,6 +18,7 @@ import torch
 from timm.models.pvt_v2 import checkpoint_filter_fn
 from torch import Tensor, nn
 
+from segattn.attention import attention_class
 from segattn.layers import from_grid, to_grid
 
 from .blocks import AttentionSpec, Block, LayerNorm, MixFFN, drop_path_rates, init_weights
@@ -32,6 +35,7 @@ PVT_SIZES: dict[str, dict[str, tuple]] = {  # PVTv2 b0–b5 (Wang et al. 2021, a
     "b5": {"embed_dims": _WIDE, "depths": (3, 6, 40, 3), "mlp_ratios": (4, 4, 4, 4)},
 }
 PVT_NUM_HEADS = (1, 2, 5, 8)
+PVT_SR_RATIOS = (8, 4, 2, 1)  # PVTv2's spatial reduction, the default of the quadratic variants
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -91,11 +95,14 @@ class PyramidVisionTransformer(Encoder):
         depths: tuple[int, ...] = (2, 2, 2, 2),
         num_heads: tuple[int, ...] = PVT_NUM_HEADS,
         mlp_ratios: tuple[float, ...] = (8, 8, 4, 4),
-        sr_ratios: tuple[int, ...] = (8, 4, 2, 1),
+        sr_ratios: tuple[int, ...] | None = None,
         in_chans: int = 3,
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
+        if sr_ratios is None:  # PVTv2's reduction for quadratic variants; linear ones keep every key
+            linear = not attention_class(attn_layer.name).quadratic
+            sr_ratios = (1,) * len(embed_dims) if linear else PVT_SR_RATIOS
         per_stage = {
             "depths": depths,
             "num_heads": num_heads,
@@ -113,7 +120,7 @@ class PyramidVisionTransformer(Encoder):
                 f"pvt: attention option sr_ratio={attn_layer.options['sr_ratio']} would apply to all stages; "
                 "set the per-stage model.sr_ratios (e.g. [8, 4, 2, 1]) instead"
             )
-        # spatial reduction for variants that take it (softmax, sra); linear ones attend at full resolution
+        # spatial reduction for variants that take it (softmax, sra, agent, pola)
         reduce = attn_layer.accepts("sr_ratio")
         self.patch_embed = OverlapPatchEmbed(in_chans, embed_dims[0], patch_size=7, stride=4)
         rates = drop_path_rates(drop_path_rate, sum(depths))
@@ -191,5 +198,8 @@ def create_pvt(
     dims = {**PVT_SIZES[o.size], "num_heads": PVT_NUM_HEADS}
     dims.update({k: tuple(v) for k, v in overridden.items() if v is not None})
     return PyramidVisionTransformer(
-        attn_layer, sr_ratios=tuple(o.sr_ratios), drop_path_rate=o.drop_path_rate, **dims
+        attn_layer,
+        sr_ratios=None if o.sr_ratios is None else tuple(o.sr_ratios),
+        drop_path_rate=o.drop_path_rate,
+        **dims,
     )

@@ -1,0 +1,115 @@
+"""Agent attention (Han et al. 2024, arXiv 2312.08874) and PolaFormer's polarity-aware linear attention
+(Meng et al. 2025, arXiv 2501.15061): pure math on [B, heads, N, d] tensors, no N×N tensor.
+
+Agent attention routes N queries through n ≪ N agent tokens: two softmax attentions of size N×n and n×M.
+Softmax, its normaliser and the polarity feature maps run in fp32 under bf16/fp16 autocast (float64 stays
+float64); results come back in the dtype of ``v``. The pooling and resampling helpers build their
+matrices from the grid size with ``arange``, so exported graphs keep H and W dynamic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..layers import HW
+from .functional import _upcast, full_precision
+from .functional_approx import segment_averaging
+
+__all__ = [
+    "adaptive_pooling_matrix",
+    "agent_attention",
+    "agent_tokens",
+    "pola_attention",
+    "resample_grid",
+]
+
+AGENT_POOLINGS = ("grid", "segments")
+
+
+def adaptive_pooling_matrix(size: int, out: int, like: Tensor) -> Tensor:
+    """The [out, size] matrix of ``adaptive_avg_pool1d``: row i averages inputs ⌊i·size/out⌋ to
+    ⌈(i+1)·size/out⌉ − 1 (windows overlap when ``size`` is not a multiple of ``out``, repeat when smaller)."""
+    index = torch.arange(out, device=like.device)
+    start = (index * size) // out
+    stop = ((index + 1) * size + out - 1) // out
+    positions = torch.arange(size, device=like.device)
+    member = (positions >= start[:, None]) & (positions < stop[:, None])
+    return member.to(like.dtype) / (stop - start).to(like.dtype)[:, None]
+
+
+def agent_tokens(q: Tensor, hw: HW, agent_num: int, pooling: str = "grid") -> Tensor:
+    """n agent tokens pooled from queries [..., N, C] on the (H, W) grid: [..., n, C].
+
+    ``grid``: adaptive average pooling of the query grid to √n×√n (the paper's; n a perfect square).
+    ``segments``: means of n consecutive segments of the row-major token sequence (any n; Nyström's
+    landmarks).
+    """
+    if pooling == "segments":
+        return segment_averaging(q, agent_num) @ q
+    if pooling != "grid":
+        raise ValueError(f"agent_tokens: pooling={pooling!r}; expected one of {AGENT_POOLINGS}")
+    side = math.isqrt(agent_num)
+    rows = adaptive_pooling_matrix(hw[0], side, q)  # [√n, H]
+    cols = adaptive_pooling_matrix(hw[1], side, q)  # [√n, W]
+    pool = (rows[:, None, :, None] * cols[None, :, None, :]).reshape(side * side, -1)  # [n, N]
+    return pool @ q
+
+
+def resample_grid(bias: Tensor, size: HW) -> Tensor:
+    """Bilinear resampling (half-pixel centres, as ViT position embeddings) of [..., h, w] maps to ``size``.
+
+    At an unchanged size every sample falls on a stored value with weight 1, so maps stored at their base
+    size come back exactly (no size test: exported graphs stay free of shape guards)."""
+    lead = bias.shape[:-2]
+    flat = bias.reshape(-1, 1, *bias.shape[-2:])
+    return F.interpolate(flat, size=size, mode="bilinear", align_corners=False).reshape(*lead, *size)
+
+
+@full_precision
+def agent_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    hw: HW,
+    agent_bias: Tensor,
+    query_bias: Tensor,
+    agent_num: int,
+    pooling: str = "grid",
+) -> Tensor:
+    """O = softmax(s·Q Aᵀ + B_q) · (softmax(s·A Kᵀ + B_a) V), s = d^-½, with n agents A pooled from Q
+    (``agent_tokens``): agents first attend to keys/values (n×M), then queries to agents (N×n); O(N·n·d).
+
+    q: [B, h, N, d] on the (H, W) grid ``hw``; k, v: [B, h, M, d]; agent_bias B_a: [h, n, M] and query_bias
+    B_q: [h, N, n] for n = ``agent_num`` agents.
+    """
+    agent_bias, query_bias = _upcast(agent_bias), _upcast(query_bias)
+    scale = q.shape[-1] ** -0.5
+    agents = agent_tokens(q, hw, agent_num, pooling)  # [B, h, n, d]
+    agent_v = ((agents * scale) @ k.transpose(-2, -1) + agent_bias).softmax(dim=-1) @ v  # [B, h, n, d]
+    return ((q * scale) @ agents.transpose(-2, -1) + query_bias).softmax(dim=-1) @ agent_v
+
+
+@full_precision
+def pola_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float = 1e-6) -> Tensor:
+    """Polarity-aware linear attention on q, k already scaled (and k position-encoded).
+
+    With φ(x) = relu(x)^p (p per channel, ``power`` broadcastable to [h, 1, d]), q± = φ(±q), k± = φ(±k):
+    same-sign similarity S_ij = q⁺_i·k⁺_j + q⁻_i·k⁻_j weighs the first half of v's channels, opposite-sign
+    O_ij = q⁻_i·k⁺_j + q⁺_i·k⁻_j the second: out_i = [Σ_j S_ij v¹_j / (Σ_j S_ij + N·eps),
+    Σ_j O_ij v²_j / (Σ_j O_ij + N·eps)]. As published, eps is added to the mean over keys (Σ_j / N) and
+    kᵀv is formed as (kᵀ/√N)(v/√N). q, k, v: [B, h, N, d] (k, v may have M ≠ N rows), d even.
+    """
+    m = k.shape[-2]
+    q_pos, q_neg = F.relu(q) ** power, F.relu(-q) ** power
+    keys = torch.cat([F.relu(k) ** power, F.relu(-k) ** power], dim=-1)  # [B, h, M, 2d]
+    same, opposite = torch.cat([q_pos, q_neg], dim=-1), torch.cat([q_neg, q_pos], dim=-1)
+    v_same, v_opposite = v.chunk(2, dim=-1)
+    key_mean = keys.mean(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, 2d, 1]
+    scaled_keys = keys.transpose(-2, -1) * m**-0.5
+    out_same = (same @ (scaled_keys @ (v_same * m**-0.5))) / (same @ key_mean + eps)
+    out_opposite = (opposite @ (scaled_keys @ (v_opposite * m**-0.5))) / (opposite @ key_mean + eps)
+    return torch.cat([out_same, out_opposite], dim=-1)
