@@ -23,8 +23,7 @@ def from_grid(x: Tensor) -> Tensor:
 def resample_grid_embedding(embedding: Tensor, stored: HW, hw: HW) -> Tensor:
     """A learned per-position embedding [1, h·w, C] stored on the ``stored`` (h, w) grid, bilinearly resampled
     to ``hw`` (align_corners=False, as PVT v1 resamples its position embeddings): [1, H·W, C]. At the stored
-    grid the stored tensor itself is returned, so a model at its pretraining resolution sees it unchanged."""
-    if tuple(stored) == tuple(hw):
-        return embedding
+    grid every sample falls on a stored value with weight 1, so the stored values come back exactly (no size
+    test: an exported graph keeps resampling at any input size)."""
     grid = to_grid(embedding, stored)  # [1, C, h, w]
     return from_grid(F.interpolate(grid, size=tuple(hw), mode="bilinear", align_corners=False))
