@@ -214,6 +214,31 @@ def check_config(cfg: DictConfig) -> None:
             "from weights; set only one"
         )
     check_validation(cfg.validation)
+    check_fsdp(cfg)
+
+
+# Precisions Lightning's ModelParallelStrategy (under trainer.strategy.name=fsdp) accepts.
+FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "bf16-true", "16-true")
+
+
+def check_fsdp(cfg: DictConfig) -> None:
+    """``trainer.strategy.name=fsdp``: a precision the sharded strategy supports (16-mixed needs a
+    gradient scaler it does not have), and no ``model.compile`` (compiling per-block-sharded models has
+    not been run here)."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "fsdp"):
+        return
+    precision = str(cfg.trainer.get("precision"))
+    if precision not in FSDP_PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision} with trainer.strategy.name=fsdp; expected one of "
+            f"{', '.join(FSDP_PRECISIONS)} (bf16-mixed on GPUs)"
+        )
+    if OmegaConf.select(cfg, "model.compile"):
+        raise ValueError(
+            "model.compile=true with trainer.strategy.name=fsdp: compiling a model sharded per block has "
+            "not been tested; set model.compile=false, or train with trainer=ddp to compile"
+        )
 
 
 def check_validation(validation: DictConfig) -> None:

@@ -18,7 +18,7 @@ from pytorch_lightning.callbacks import (
     RichProgressBar,
 )
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, Strategy
+from pytorch_lightning.strategies import DDPStrategy, Strategy
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 from ..checkpoints.atomic import AtomicCheckpointIO
@@ -31,6 +31,7 @@ from ..data import SegDataModule
 from ..data.errors import DataError
 from ..models import build_model
 from .callbacks import WandbValidationPanel
+from .fsdp import FullyShardedStrategy
 from .guards import NonFiniteGuard
 from .losses import SegLoss
 from .module import SegmentationModule
@@ -52,7 +53,7 @@ CALLBACKS: dict[str, type[pl.Callback]] = {
     "preemption": PreemptionCheckpoint,  # SIGTERM / SIGUSR1: step-exact last.ckpt, exit 128 + signal
 }
 LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
-STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FullyShardedStrategy}
 
 
 def plain(node: Any) -> Any:

@@ -89,7 +89,7 @@ def test_new_file_is_complete_and_has_default_permissions(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # like open(), not mkstemp's 0600
 
 
-@pytest.mark.parametrize("trainer", ["cpu", "ddp_cpu"])
+@pytest.mark.parametrize("trainer", ["cpu", "ddp_cpu", "fsdp_cpu"])
 def test_training_writes_checkpoints_through_atomic_io(tmp_path, trainer):
     cfg = compose_run(tmp_path, *TINY, f"trainer={trainer}", "logger=none")
     assert isinstance(build_trainer(cfg, []).strategy.checkpoint_io, AtomicCheckpointIO)

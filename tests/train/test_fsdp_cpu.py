@@ -1,0 +1,147 @@
+"""``trainer=fsdp_cpu``: two gloo processes with FSDP2 sharding per block train the same parameters as one
+process training on both processes' images, and the sharded run resumes from its checkpoint (weights,
+AdamW moments) to the same second step. Also: which modules are sharded as units, and the settings
+``trainer=fsdp`` refuses."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
+
+from segattn.config import check_config
+from segattn.models import build_model
+from segattn.training.fsdp import shard_units
+from segattn.training.run import run
+
+# Four images, no random flips, no dropout: one optimizer step per epoch sees all four images, two per
+# process under FSDP, four at once in one process; every pixel is labelled, so the mean loss over four
+# images is the mean of the two processes' means, which FSDP's averaged gradients follow. A constant LR
+# (poly with power 0) makes the schedule independent of the planned run length; the clip norm is small
+# enough to act on every step, so the clipping must use the norm of the whole, unsharded gradient.
+COMMON = [
+    *TINY_DATA,
+    *TINY_MODEL["vit"],
+    "model.dropout=0.0",
+    "model.drop_path_rate=0.0",
+    "model.grad_checkpointing=true",
+    "data.num_train=4",
+    "data.num_val=2",
+    "data.num_test=2",
+    "data.val_batch_size=1",
+    "data.hflip=0.0",
+    "scheduler.warmup_steps=0",
+    "scheduler.power=0.0",
+    "optimizer.lr=1e-3",
+    "trainer.gradient_clip_val=0.01",
+    "logger=none",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+]
+FSDP = [*COMMON, "trainer=fsdp_cpu", "data.batch_size=2"]  # per process
+SINGLE = [*COMMON, *QUIET, "data.batch_size=4", "test_after_fit=false"]
+
+
+def train_fsdp(log_dir: Path, run_name: str, *overrides: str) -> Path:
+    """Run train.py with 2 FSDP processes; returns its last.ckpt."""
+    run_dir = log_dir / run_name
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *FSDP,
+            *overrides,
+            f"paths.log_dir={log_dir}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=log_dir,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir / "checkpoints/last.ckpt"
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_difference(sharded: dict, single: dict) -> float:
+    """Largest absolute difference over all model parameters (the same names on both sides)."""
+    assert sharded.keys() == single.keys()
+    return max((sharded[name] - single[name]).abs().max().item() for name in single)
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_step_equals_single_process_and_resumes(train_config, tmp_path):
+    # One process, two steps; a checkpoint after each (epoch0.ckpt, epoch1.ckpt).
+    run(
+        train_config(
+            *SINGLE,
+            "trainer.max_epochs=2",
+            "callbacks.model_checkpoint.filename='epoch{epoch}'",
+            "callbacks.model_checkpoint.save_top_k=-1",
+            run="single",
+        )
+    )
+    single = [load(tmp_path / f"single/checkpoints/epoch{epoch}.ckpt") for epoch in (0, 1)]
+
+    # FSDP: one step (with validation and the test of the best checkpoint), then resumed for the second.
+    first = load(train_fsdp(tmp_path, "fsdp_first", "trainer.max_epochs=1"))
+    resumed = load(
+        train_fsdp(
+            tmp_path,
+            "fsdp_resumed",
+            "trainer.max_epochs=2",
+            "test_after_fit=false",
+            f"ckpt_path={tmp_path / 'fsdp_first/checkpoints/last.ckpt'}",
+        )
+    )
+
+    assert (first["global_step"], resumed["global_step"]) == (1, 2)
+    step_1 = max_difference(first["state_dict"], single[0]["state_dict"])
+    step_2 = max_difference(resumed["state_dict"], single[1]["state_dict"])
+    moved = max_difference(single[1]["state_dict"], single[0]["state_dict"])
+    print(
+        f"FSDP vs one process, max |Δparam|: step 1 {step_1:.2e}, step 2 (resumed) {step_2:.2e}; "
+        f"the second step moves parameters by up to {moved:.2e}"
+    )
+    assert step_1 < 1e-6 and step_2 < 1e-6
+    assert moved > 1e-4  # the second step's comparison can tell a lost optimizer state
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            dict(name="vit", embed_dim=32, depth=2, num_heads=2, patch_size=8),
+            ["encoder.blocks.0", "encoder.blocks.1"],
+        ),
+        (
+            dict(name="unet", encoder="test_resnet"),
+            [f"head.attn_blocks.{i}" for i in range(4)] + [f"encoder.model.layer{i}" for i in range(1, 5)],
+        ),
+    ],
+)
+def test_shard_units_are_the_blocks_and_cnn_stages(options, expected):
+    model = build_model(num_classes=3, attention="linear", **options)
+    names = {id(module): name for name, module in model.named_modules()}
+    assert [names[id(unit)] for unit in shard_units(model)] == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.precision=16-mixed"], r"trainer\.precision=16-mixed with trainer\.strategy\.name=fsdp"),
+        (["model.compile=true"], r"model\.compile=true with trainer\.strategy\.name=fsdp"),
+    ],
+)
+def test_fsdp_refuses_unsupported_settings(overrides, message, tmp_path):
+    cfg = compose_config(["trainer=fsdp", *overrides, f"paths.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=message):
+        check_config(cfg)
