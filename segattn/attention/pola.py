@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import HW, depthwise_conv
-from .functional_agent import pola_attention, resample_grid
+from ..layers import HW, depthwise_conv, resample_grid_embedding
+from .functional_agent import pola_attention
 from .reduction import ReducedKeysAttention
 
 POSITION_ENCODINGS = ("none", "learned")
@@ -79,16 +79,11 @@ class PolaAttention(ReducedKeysAttention):
         q, k, v = self.project(x, hw)
         return self.proj_drop(self.proj(self.mix_tokens(q, k, v, hw) * self.gate(x)))
 
-    def key_position(self, hw: HW) -> Tensor:
-        """The learned encoding on the key grid ``hw``: [1, M, C]."""
-        size, channels = self.position_size, self.dim
-        grid = self.positional_encoding.reshape(size, size, channels).permute(2, 0, 1)  # [C, S, S]
-        return resample_grid(grid, hw).flatten(1).transpose(0, 1)[None]
-
     def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
         key_hw = self.reduced_hw(hw)
         if self.positional_encoding is not None:
-            k = k + self.key_position(key_hw)
+            stored = (self.position_size, self.position_size)
+            k = k + resample_grid_embedding(self.positional_encoding, stored, key_hw)
         scale = F.softplus(self.scale)
         power = 1 + self.alpha * torch.sigmoid(self.power)
         out = pola_attention(
