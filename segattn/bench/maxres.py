@@ -46,7 +46,7 @@ def default_models(smoke: bool) -> list[str]:
 
 
 def default_variants(smoke: bool) -> list[str]:
-    return ["flatten"] if smoke else ["softmax", "efficient", "linear", "taylor", "flatten"]
+    return ["flatten"] if smoke else ["softmax", "efficient", "linear", "taylor", "flatten", "agent", "pola"]
 
 
 def probe_child(task: dict[str, Any], emit: Emit) -> None:

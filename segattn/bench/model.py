@@ -60,7 +60,7 @@ def default_variants(smoke: bool, model: str = "pvt") -> list[str]:
     if smoke:
         return ["softmax", "flatten"]
     reference = [NO_REDUCTION, "softmax"] if model == "pvt" else ["softmax"]
-    return [*reference, "efficient", "linear", "taylor", "flatten"]
+    return [*reference, "efficient", "linear", "taylor", "flatten", "agent", "pola"]
 
 
 def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
