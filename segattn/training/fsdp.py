@@ -6,15 +6,15 @@ Built on torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) through Lightnin
 ``ModelParallelStrategy``, which runs with any accelerator (NCCL on GPUs, gloo on CPU); Lightning's
 ``FSDPStrategy`` (FSDP1) accepts GPUs only. The units gathered one at a time (``shard_units``) are every
 transformer ``Block`` (encoder and head) and each stage of a timm CNN encoder; the parameters outside them
-(patch embeddings, stems, norms, heads) form the root unit. Buffers are not sharded: BatchNorm running
-statistics stay per process (FSDP does not broadcast buffers as DDP does) unless
-``trainer.sync_batchnorm=true`` (GPUs) synchronises the batch statistics themselves.
+(patch embeddings, stems, norms, heads) form the root unit. Each unit's parameters are freed again after
+its forward and gathered once more for its backward. Buffers are not sharded: each process keeps its own
+BatchNorm running statistics (FSDP does not broadcast buffers as DDP does); checkpoints hold rank 0's.
 
-Checkpoints: ``save_distributed_checkpoint: false`` (the default here) gathers the full weights and
-optimizer state on rank 0 and writes one ``last.ckpt`` like every other trainer, through the trainer's
-checkpoint IO (``AtomicCheckpointIO``: temporary file, fsync, rename); eval, export and ``init_from`` read
-it unchanged. ``true`` writes a folder with one shard per rank (torch.distributed.checkpoint; no atomic
-rename) for models whose full state does not fit in rank 0's memory.
+Checkpoints: the full weights and optimizer state are gathered (on the CPU) on rank 0 and written as one
+``last.ckpt`` like every other trainer's, through the trainer's checkpoint IO (``AtomicCheckpointIO``:
+temporary file, fsync, rename), so resume (``ckpt_path``), eval, export and ``init_from`` read it
+unchanged. Lightning's sharded checkpoint folders (``save_distributed_checkpoint``) are refused: none of
+those readers takes a folder, and its writer has no atomic rename.
 """
 
 from __future__ import annotations
@@ -48,15 +48,12 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return units
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> None:
-    """``fully_shard`` each unit of ``model`` (a Segmentor), then the model itself, in place.
-
-    ``forward_with_aux`` (the training forward) gets FSDP's root hooks like ``forward``. With
-    ``reshard_after_forward`` a unit frees its gathered parameters after its forward and gathers them again
-    in backward (least memory); false keeps them until backward (one all-gather less per unit)."""
+def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
+    """``fully_shard`` each unit of ``model`` (a Segmentor), then the model itself, in place;
+    ``forward_with_aux`` (the training forward) gets FSDP's root hooks like ``forward``."""
     for unit in shard_units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     register_fsdp_forward_method(model, "forward_with_aux")
 
 
@@ -69,11 +66,13 @@ class FullyShardedStrategy(ModelParallelStrategy):
     ranks; clipping by value acts on each element and is unaffected by sharding.
     """
 
-    def __init__(
-        self, save_distributed_checkpoint: bool = False, reshard_after_forward: bool = True, **kwargs: Any
-    ) -> None:
-        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
-        self.reshard_after_forward = reshard_after_forward
+    def __init__(self, **kwargs: Any) -> None:
+        if kwargs.pop("save_distributed_checkpoint", False):
+            raise ValueError(
+                "trainer.strategy.save_distributed_checkpoint=true: sharded checkpoint folders are not "
+                "supported (resume, eval and export read one checkpoint file); expected false"
+            )
+        super().__init__(save_distributed_checkpoint=False, **kwargs)
 
     def setup_environment(self) -> None:
         """One data-parallel mesh dimension over every process of every node."""
@@ -86,5 +85,5 @@ class FullyShardedStrategy(ModelParallelStrategy):
         optimizer over the sharded parameters."""
         model = self.lightning_module.model
         if not isinstance(model, FSDPModule):
-            shard_model(model, self.device_mesh["data_parallel"], self.reshard_after_forward)
+            shard_model(model, self.device_mesh["data_parallel"])
         super().setup(trainer)

@@ -1,6 +1,6 @@
 """Training on a CUDA device: one step of every model family on the GPU (fp32, TF32 off) gives the CPU's
 logits, loss and parameter gradients, and a bf16-mixed Lightning run with validation and a test pass
-completes with finite scores and a checkpoint.
+completes with finite scores and a checkpoint, also under ``trainer=fsdp`` (FSDP2 over NCCL, one GPU).
 
 Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "On a GPU").
 """
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
-from train_overrides import QUIET, TINY_DATA, TINY_MODEL, compose_config
+from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
+from segattn.checkpoints.loading import load_model
 from segattn.models.builder import build_model
 from segattn.training.losses import SegLoss
 from segattn.training.run import plain
@@ -86,3 +89,32 @@ def test_bf16_mixed_run_on_cuda(tmp_path, attention: str) -> None:
     assert summary["best_checkpoint"] and (tmp_path / "run").is_dir()
     checkpoint = torch.load(summary["best_checkpoint"], map_location="cpu", weights_only=True)
     assert all(t.device.type == "cpu" for t in checkpoint["state_dict"].values())
+
+
+def test_fsdp_run_on_one_gpu(tmp_path) -> None:
+    """``trainer=fsdp`` (bf16-mixed, NCCL) trains, validates, tests and writes one full checkpoint that
+    loads without Lightning. A subprocess: the run initialises a process group."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *TINY_DATA,
+            *TINY_MODEL["pvt"],
+            "trainer=fsdp",
+            "trainer.devices=1",
+            "trainer.max_epochs=1",
+            "logger=none",
+            "callbacks.rich_progress_bar=null",
+            "callbacks.rich_model_summary=null",
+            f"paths.log_dir={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    model, info = load_model(tmp_path / "run/checkpoints/last.ckpt")
+    assert info["model"]["name"] == "pvt"
+    assert all(torch.isfinite(p).all() for p in model.parameters())

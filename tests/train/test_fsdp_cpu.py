@@ -14,7 +14,7 @@ from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
 from segattn.config import check_config
 from segattn.models import build_model
-from segattn.training.fsdp import shard_units
+from segattn.training.fsdp import FullyShardedStrategy, shard_units
 from segattn.training.run import run
 
 # Four images, no random flips, no dropout: one optimizer step per epoch sees all four images, two per
@@ -145,3 +145,8 @@ def test_fsdp_refuses_unsupported_settings(overrides, message, tmp_path):
     cfg = compose_config(["trainer=fsdp", *overrides, f"paths.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match=message):
         check_config(cfg)
+
+
+def test_sharded_checkpoint_folders_are_refused():
+    with pytest.raises(ValueError, match="save_distributed_checkpoint=true: sharded checkpoint folders"):
+        FullyShardedStrategy(save_distributed_checkpoint=True)
