@@ -83,16 +83,19 @@ class LiteMultiScaleAttention(AttentionBase):
         )
 
     def project(self, x: Tensor, hw: HW) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v of every scale as [B, N, (1 + S)·C] each, head after head (scale-major)."""
-        qkv = self.qkv(x)  # [B, N, 3C], per head [q_h | k_h | v_h]
-        grid = to_grid(qkv, hw)  # [B, 3C, H, W]
-        tokens = torch.cat([qkv, *(from_grid(aggregate(grid)) for aggregate in self.aggreg)], dim=-1)
-        q, k, v = tokens.unflatten(-1, (-1, 3, self.head_dim)).unbind(-2)  # [B, N, (1 + S)·h, d] each
+        """q, k, v as [B, N, C] each, from ``qkv``'s per-head [q_h | k_h | v_h] channel groups."""
+        q, k, v = self.qkv(x).unflatten(-1, (self.num_heads, 3, self.head_dim)).unbind(-2)  # [B, N, h, d]
         return q.flatten(2), k.flatten(2), v.flatten(2)
 
     def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        # [B, N, (1 + S)·C] -> [B, (1 + S)·h, N, d] -> attention -> [B, N, (1 + S)·C]
-        q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in (q, k, v))
+        """Multi-scale aggregation, then attention in every head of every scale; [B, N, C] q, k, v ->
+        [B, N, (1 + S)·C] (everything between the projections, as ``bench op`` times it)."""
+        heads = (self.num_heads, self.head_dim)
+        qkv = torch.stack([t.unflatten(-1, heads) for t in (q, k, v)], dim=-2).flatten(2)  # [B, N, 3C]
+        grid = to_grid(qkv, hw)  # [B, 3C, H, W]
+        tokens = torch.cat([qkv, *(from_grid(aggregate(grid)) for aggregate in self.aggreg)], dim=-1)
+        # [B, N, (1 + S)·h, 3, d] -> q, k, v [B, (1 + S)·h, N, d] each
+        q, k, v = tokens.unflatten(-1, (-1, 3, self.head_dim)).transpose(1, 2).unbind(-2)
         return lite_linear_attention(q, k, v, self.kernel, self.eps).transpose(1, 2).flatten(2)
 
     def extra_repr(self) -> str:

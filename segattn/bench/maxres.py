@@ -42,11 +42,12 @@ class MaxresSettings:
 
 
 def default_models(smoke: bool) -> list[str]:
-    return ["pvt:size=b0"] if smoke else ["pvt:size=b0", "vit:size=small"]
+    return ["pvt:size=b0"] if smoke else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
 
 
 def default_variants(smoke: bool) -> list[str]:
-    return ["flatten"] if smoke else ["softmax", "efficient", "linear", "taylor", "flatten", "agent", "pola"]
+    variants = ["softmax", "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+    return ["flatten"] if smoke else variants
 
 
 def probe_child(task: dict[str, Any], emit: Emit) -> None:

@@ -52,7 +52,11 @@ class ModelSettings:
 
 
 def default_models(smoke: bool) -> list[str]:
-    return ["pvt:size=b0", "vit:size=tiny"] if smoke else ["pvt:size=b0", "vit:size=small"]
+    return (
+        ["pvt:size=b0", "vit:size=tiny"]
+        if smoke
+        else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
+    )
 
 
 def default_variants(smoke: bool, model: str = "pvt") -> list[str]:
@@ -60,7 +64,7 @@ def default_variants(smoke: bool, model: str = "pvt") -> list[str]:
     if smoke:
         return ["softmax", "flatten"]
     reference = [NO_REDUCTION, "softmax"] if model == "pvt" else ["softmax"]
-    return [*reference, "efficient", "linear", "taylor", "flatten", "agent", "pola"]
+    return [*reference, "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
 
 
 def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 The op is ``module.mix_tokens(q, k, v, hw)`` on [B, N, C] inputs, i.e. everything between the shared qkv
 and output projections: head split/merge, feature maps, kernel products, normaliser and variant extras
-(FLatten's focusing map and depthwise conv). q, k, v are the three column blocks of one [B, N, 3C]
-tensor, as the qkv projection produces them; variants that reduce keys/values in ``project`` (spatial
-reduction) get their reduced k, v from an untimed ``project`` call.
+(FLatten's focusing map and depthwise conv, LiteMLA's multi-scale aggregation, whose extra heads widen
+the output to (1 + S)·C). q, k, v are the three column blocks of one [B, N, 3C] tensor, as the qkv
+projection produces them; variants that reduce keys/values in ``project`` (spatial reduction) get their
+reduced k, v from an untimed ``project`` call.
 
 The floor is ``torch.addcmul(q, k, v, out=buf)`` on the same q, k, v: one elementwise pass that reads the
 three inputs and writes a [B, N, C] result into an existing buffer, i.e. exactly the bytes any attention
@@ -40,7 +41,8 @@ MATMULS = "matmuls"
 REFERENCE = "softmax"
 DEFINITION = (
     "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
-    "incl. FLatten's focusing map and DWC); floor = addcmul(q, k, v, out=buf), one pass reading q, k, v "
+    "incl. FLatten's focusing map and DWC, LiteMLA's multi-scale aggregation); "
+    "floor = addcmul(q, k, v, out=buf), one pass reading q, k, v "
     "and writing the output; matmuls = the kernel products alone (2 bmm forward, 6 forward+backward, fp32); "
     "fwd+bwd adds the gradients w.r.t. q, k, v and the variant's own parameters; "
     "ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd), and time / matmuls; "
@@ -96,7 +98,11 @@ class OpCase:
         else:  # keys/values reduced in project: its outputs, computed untimed
             self.leaves = [t.detach().to(self.dtype).requires_grad_(grad) for t in projected]
         self.params = [p for p in module.parameters() if p.requires_grad] if grad else []
-        self.grad_out = torch.randn(batch, tokens, dim, device=device, dtype=self.dtype) if grad else None
+        self.grad_out = None
+        if grad:  # shaped like the output, which is wider than C where mix_tokens adds heads (LiteMLA)
+            with torch.no_grad(), autocast_for(device, self.dtype):
+                width = module.mix_tokens(*self.inputs(), self.hw).shape[-1]
+            self.grad_out = torch.randn(batch, tokens, width, device=device, dtype=self.dtype)
         self.floor_out = torch.empty(batch, tokens, dim, device=device, dtype=self.dtype)
         module.train(grad)
 
