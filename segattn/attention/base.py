@@ -18,13 +18,16 @@ class AttentionBase(nn.Module):
 
     Class-level capability flags describe what the variant supports; they are checked by the tests and
     listed in the README: ``onnx_dynamic`` (ONNX export with dynamic H, W), ``torchscript`` (tracing),
-    ``compilable`` (torch.compile), ``max_tokens`` (None: any resolution).
+    ``compilable`` (torch.compile), ``max_tokens`` (None: any resolution), ``band_parallel`` (one image
+    can be split into bands of rows across processes: every token interaction goes through the sums of
+    ``segattn.parallel.tokens`` and every image operation through ``segattn.parallel.ops``).
     """
 
     onnx_dynamic: ClassVar[bool] = True
     torchscript: ClassVar[bool] = True
     compilable: ClassVar[bool] = True
     quadratic: ClassVar[bool] = False
+    band_parallel: ClassVar[bool] = False
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, proj_drop: float = 0.0) -> None:
         super().__init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor
 
 from ..layers import HW
@@ -11,6 +13,8 @@ from .functional import EFFICIENT_NORMALIZATIONS, efficient_attention
 
 class EfficientAttention(AttentionBase):
     """ρq(Q)·(ρk(K)ᵀV) per head; ``normalization`` is ``softmax`` (default) or ``scale`` (= QKᵀV/N)."""
+
+    band_parallel: ClassVar[bool] = True
 
     def __init__(
         self,

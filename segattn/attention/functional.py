@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layers import use_fused
+from ..parallel import token_count, token_softmax, token_sum
 from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
 from .fused_kernel import kernel_attention_fused
 
@@ -85,18 +86,18 @@ def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "s
 @full_precision
 def _efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str) -> Tensor:
     if normalization == "softmax":
-        q, k = q.softmax(dim=-1), k.softmax(dim=-2)
+        q, k = q.softmax(dim=-1), token_softmax(k, dim=-2)
     else:
-        n = k.shape[-2]
+        n = token_count(k.shape[-2])
         q, k = q * n**-0.5, k * n**-0.5
-    context = k.transpose(-2, -1) @ v  # [B, h, d, d]
+    context = token_sum(k.transpose(-2, -1) @ v)  # [B, h, d, d]
     return q @ context
 
 
 def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
     """out_i = φq_iᵀ (Σ_j φk_j v_jᵀ) / (φq_iᵀ Σ_j φk_j + eps), for non-negative features φq, φk."""
-    context = phi_k.transpose(-2, -1) @ v  # [B, h, d, d]
-    normalizer = phi_q @ phi_k.sum(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
+    context = token_sum(phi_k.transpose(-2, -1) @ v)  # [B, h, d, d]
+    normalizer = phi_q @ token_sum(phi_k.sum(dim=-2, keepdim=True)).transpose(-2, -1)  # [B, h, N, 1]
     return (phi_q @ context) / (normalizer + eps)
 
 
@@ -134,10 +135,10 @@ def taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tens
 
 @full_precision
 def _taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float) -> Tensor:
-    n = k.shape[-2]
+    n = token_count(k.shape[-2])
     q_hat, k_hat = F.normalize(q, dim=-1, eps=eps), F.normalize(k, dim=-1, eps=eps)
-    numerator = v.sum(dim=-2, keepdim=True) + q_hat @ (k_hat.transpose(-2, -1) @ v)
-    denominator = n + q_hat @ k_hat.sum(dim=-2, keepdim=True).transpose(-2, -1) + eps
+    numerator = token_sum(v.sum(dim=-2, keepdim=True)) + q_hat @ token_sum(k_hat.transpose(-2, -1) @ v)
+    denominator = n + q_hat @ token_sum(k_hat.sum(dim=-2, keepdim=True)).transpose(-2, -1) + eps
     return numerator / denominator
 
 
@@ -172,7 +173,7 @@ def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6)
 
 @full_precision
 def _focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float) -> Tensor:
-    n = k.shape[-2]
-    context = (k.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5)  # [B, h, d, d]
-    normalizer = q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
+    n = token_count(k.shape[-2])
+    context = token_sum((k.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5))  # [B, h, d, d]
+    normalizer = q @ (token_sum(k.sum(dim=-2, keepdim=True)) / n).transpose(-2, -1)  # [B, h, N, 1]
     return (q @ context) / (normalizer + eps)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..layers import use_fused
+from ..parallel import token_max
 from .functional import full_precision, kernel_attention, softmax_attention
 from .fused_kernel import kernel_attention_fused
 from .fused_random_features import PositiveRandomFeatures
@@ -50,7 +51,10 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
     both cancel in the attention ratio, and they keep the largest feature at m^-½ so exp cannot overflow.
     """
     logits = x @ projection.transpose(-2, -1) - 0.5 * x.square().sum(dim=-1, keepdim=True)  # [B, h, N, m]
-    stabiliser = logits.amax(dim=-1 if is_query else (-2, -1), keepdim=True).detach()
+    if is_query:
+        stabiliser = logits.amax(dim=-1, keepdim=True).detach()
+    else:  # over the whole image's keys when it is split into bands
+        stabiliser = token_max(logits.amax(dim=(-2, -1), keepdim=True).detach())
     return torch.exp(logits - stabiliser) * projection.shape[0] ** -0.5
 
 

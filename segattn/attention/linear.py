@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor
 
 from ..layers import HW
@@ -11,6 +13,8 @@ from .functional import LINEAR_FEATURE_MAPS, linear_attention
 
 class LinearAttention(AttentionBase):
     """φ(Q)(φ(K)ᵀV) / (φ(Q)Σφ(K) + eps) with φ = elu + 1 (default) or relu."""
+
+    band_parallel: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -23,6 +23,8 @@ class PerformerAttention(AttentionBase):
     when and what the uninterrupted one would; a state_dict without them (saved before they were) loads
     and leaves this module's schedule as it is.
     """
+
+    band_parallel: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor
 
 from ..layers import HW
@@ -11,6 +13,8 @@ from .functional import taylor_attention
 
 class TaylorAttention(AttentionBase):
     """First-order Taylor expansion of exp(q̂ᵀk̂) with L2-normalised q, k: sim = 1 + q̂ᵀk̂ ≥ 0."""
+
+    band_parallel: ClassVar[bool] = True
 
     def __init__(
         self, dim: int, num_heads: int = 8, qkv_bias: bool = True, proj_drop: float = 0.0, eps: float = 1e-6

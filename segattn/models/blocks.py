@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase, attention_options, build_attention
 from segattn.layers import HW, depthwise_conv, from_grid, to_grid
+from segattn.parallel import recompute_contexts
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
 
@@ -68,7 +69,8 @@ class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw).
 
     ``grad_checkpointing`` recomputes the block in backward (non-reentrant, so it works under DDP and
-    with inputs that do not require grad). ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
+    with inputs that do not require grad; on the same band when the image is split across processes).
+    ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
     """
 
     def __init__(
@@ -93,7 +95,9 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(self.residual_branches, x, hw, use_reentrant=False)
+            return checkpoint(
+                self.residual_branches, x, hw, use_reentrant=False, context_fn=recompute_contexts
+            )
         return self.residual_branches(x, hw)
 
     def residual_branches(self, x: Tensor, hw: HW) -> Tensor:

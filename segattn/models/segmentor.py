@@ -52,22 +52,32 @@ class Segmentor(nn.Module):
 
     def _segment(self, images: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
         height, width = images.shape[-2:]
+        logits, aux = self.padded_logits(self.pad_to_stride(images), with_aux)
+        return logits[..., :height, :width], None if aux is None else aux[..., :height, :width]
+
+    def pad_to_stride(self, images: Tensor) -> Tensor:
+        """``images`` zero-padded on the right and bottom to a multiple of ``stride``."""
+        height, width = images.shape[-2:]
         # Round up as (n + s - 1) // s on non-negative sizes: a %-derived size reaching F.interpolate breaks
         # torch.compile(dynamic=True) in torch 2.14, and ONNX integer Div truncates negative quotients.
         pad_h = (height + self.stride - 1) // self.stride * self.stride - height
         pad_w = (width + self.stride - 1) // self.stride * self.stride - width
-        padded = F.pad(images, (0, pad_w, 0, pad_h))
+        return F.pad(images, (0, pad_w, 0, pad_h))
+
+    def padded_logits(self, padded: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
+        """Logits (and aux logits when ``with_aux`` and there is an aux head) at the size of ``padded``, an
+        image whose sides are multiples of ``stride``: one band of it under spatial parallelism."""
         features = self.encoder(padded)
-        logits = self._to_input_size(self.head(features), padded, height, width)
+        logits = self._to_padded_size(self.head(features), padded)
         if not with_aux or self.aux_head is None:
             return logits, None
-        return logits, self._to_input_size(self.aux_head(features), padded, height, width)
+        return logits, self._to_padded_size(self.aux_head(features), padded)
 
     @staticmethod
-    def _to_input_size(logits: Tensor, padded: Tensor, height: int, width: int) -> Tensor:
+    def _to_padded_size(logits: Tensor, padded: Tensor) -> Tensor:
         if logits.shape[-2:] != padded.shape[-2:]:
             logits = F.interpolate(logits, size=padded.shape[-2:], mode="bilinear", align_corners=False)
-        return logits[..., :height, :width]
+        return logits
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``torch.compile`` encoder, head and aux head in place (``nn.Module.compile`` on each, same

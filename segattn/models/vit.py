@@ -18,6 +18,7 @@ from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from segattn.layers import HW, to_grid
+from segattn.parallel import band_of_embedding
 
 from .blocks import AttentionSpec, Block, LayerNorm, TokenMlp, drop_path_rates, init_weights
 from .encoder import Encoder
@@ -96,9 +97,14 @@ class VisionTransformer(Encoder):
         return sorted({i % depth for i in out_indices})
 
     def pos_embed_for(self, hw: HW) -> Tensor:
-        """The position embedding bicubically resampled from the ``img_size`` grid to ``hw``; [1, H·W, C]."""
-        return resample_abs_pos_embed(
-            self.pos_embed, new_size=hw, old_size=self.grid_size, num_prefix_tokens=0
+        """The position embedding bicubically resampled from the ``img_size`` grid to ``hw``; [1, H·W, C].
+        On a band of a split image: the band's rows of the embedding resampled for the whole image."""
+        return band_of_embedding(
+            lambda grid: resample_abs_pos_embed(
+                self.pos_embed, new_size=grid, old_size=self.grid_size, num_prefix_tokens=0
+            ),
+            hw,
+            self.patch_embed.patch_size[0],
         )
 
     def forward_tokens(self, x: Tensor) -> tuple[list[Tensor], HW]:

@@ -28,6 +28,23 @@ def cross_entropy(
     OHEM keeps the pixels whose probability of the true class is at most max(ohem_thresh, p_k), where
     p_k is the ``ohem_min_kept``-th smallest such probability, so at least min_kept pixels remain.
     """
+    total, weight_sum = cross_entropy_sums(
+        logits, target, ignore_index, weight, label_smoothing, ohem_thresh, ohem_min_kept
+    )
+    return total / weight_sum.clamp_min(1e-12)
+
+
+def cross_entropy_sums(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int = 255,
+    weight: Tensor | None = None,
+    label_smoothing: float = 0.0,
+    ohem_thresh: float | None = None,
+    ohem_min_kept: int = 100_000,
+) -> tuple[Tensor, Tensor]:
+    """The weighted sum of the counted pixels' losses and the sum of their weights (``cross_entropy`` is
+    their ratio): sums that add up over the bands of a split image."""
     losses = F.cross_entropy(
         logits, target, weight, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
     )
@@ -41,7 +58,7 @@ def cross_entropy(
             kth = valid_prob.kthvalue(k).values if k > 0 else valid_prob.new_tensor(0.0)
             keep &= prob <= torch.clamp(kth, min=ohem_thresh)
     pixel_weight = keep.float() if weight is None else weight[target.masked_fill(~keep, 0)] * keep
-    return (losses * keep).sum() / pixel_weight.sum().clamp_min(1e-12)
+    return (losses * keep).sum(), pixel_weight.sum()
 
 
 def dice_loss(logits: Tensor, target: Tensor, ignore_index: int = 255, smooth: float = 1.0) -> Tensor:

@@ -1,0 +1,87 @@
+"""A Segmentor's forward on this process's band of an image, and the check that a model can be split."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Protocol
+
+from torch import Tensor, nn
+
+from .bands import Band, BandGroup, Split, active_split, split_rows, splitting
+from .ops import BandOps
+
+
+class BandSegmentor(Protocol):
+    """What ``band_forward`` needs of ``segattn.models.Segmentor``."""
+
+    stride: int
+
+    def pad_to_stride(self, images: Tensor) -> Tensor: ...
+
+    def padded_logits(self, padded: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]: ...
+
+
+def min_band_rows(model: nn.Module) -> int:
+    """Rows at the deepest stride every band needs: the largest halo any convolution or pooling window of
+    ``model`` takes (a bound: it assumes each window could run at the deepest stride)."""
+    halos = [1]  # bilinear upsampling takes one row
+    for module in model.modules():
+        padding = getattr(module, "padding", None)
+        if isinstance(module, nn.Conv2d | nn.MaxPool2d) and not isinstance(padding, str):
+            halos.append(padding if isinstance(padding, int) else padding[0])
+    return max(halos)
+
+
+def check_band_variant(model: nn.Module) -> None:
+    """Refuse, naming it, an attention module whose math needs all tokens at once (``band_parallel``
+    False: softmax, sra, nystrom, linformer, ...)."""
+    refused = sorted(
+        {type(m).__name__ for m in model.modules() if getattr(type(m), "band_parallel", True) is False}
+    )
+    if refused:
+        raise ValueError(
+            f"attention {', '.join(refused)} needs all tokens of the image at once and cannot be split into "
+            "bands; use attention=efficient, linear, taylor, flatten or performer with trainer=spatial"
+        )
+
+
+def image_bands(model: BandSegmentor, height: int, bands: int) -> list[Band]:
+    """The bands the padded height of an image ``height`` rows high splits into (see ``split_rows``)."""
+    padded = (height + model.stride - 1) // model.stride * model.stride
+    return split_rows(padded, model.stride, bands, min_band_rows(model))  # type: ignore[arg-type]
+
+
+@contextmanager
+def on_band(group: BandGroup, band: Band) -> Iterator[Split]:
+    """Run the block as ``band`` of an image shared by ``group``: the active split plus ``BandOps``."""
+    with splitting(group, band) as split, BandOps(split):
+        yield split
+
+
+def recompute_contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
+    """``context_fn`` for ``torch.utils.checkpoint``: a block checkpointed on a band is recomputed on the same
+    band (halos, sums and all). Needed because the backward pass, where recomputation runs, does not see
+    the ``TorchFunctionMode`` of the forward."""
+    split = active_split()
+    return nullcontext(), nullcontext() if split is None else on_band(split.group, split.band)
+
+
+def band_forward(
+    model: BandSegmentor, images: Tensor, group: BandGroup, with_aux: bool = False
+) -> tuple[Tensor, Tensor | None, Band]:
+    """Logits (and aux logits) of this process's band of ``images`` [B, 3, H, W], the same full batch on
+    every process of ``group``: rows [band.start, min(band.stop, H)) of what ``model(images)`` returns.
+
+    The image is padded to the stride as the Segmentor pads it, then split into ``group.size`` bands of
+    whole stride multiples; the band's forward runs with its layers exchanging halos and key summaries.
+    Blocks under gradient checkpointing recompute on the band through ``recompute_contexts``.
+    """
+    height, width = images.shape[-2:]
+    band = image_bands(model, height, group.size)[group.index]
+    padded = model.pad_to_stride(images)[:, :, band.start : band.stop]
+    with on_band(group, band):
+        logits, aux = model.padded_logits(padded, with_aux)
+    keep = max(0, min(band.stop, height) - band.start)  # rows of the band inside the unpadded image
+    logits = logits[:, :, :keep, :width]
+    return logits, None if aux is None else aux[:, :, :keep, :width], band
