@@ -52,16 +52,29 @@ class ViTOptions:
 
 @dataclass(frozen=True)
 class PVTOptions:
-    """PVTv2 / SegFormer-MiT (``pvt.create_pvt``); a per-stage list given overrides the ``size``'s."""
+    """PVTv2 / SegFormer-MiT (``pvt.create_pvt``); a per-stage list given overrides the ``size``'s. The
+    layout options' defaults are PVTv2's; conf/model/pvt_v1.yaml sets PVT v1's (the official FLatten-PVT,
+    Agent-PVT and PolaFormer-PVT checkpoints load into it)."""
 
-    size: str = "b0"  # b0 … b5
+    size: str = "b0"  # b0 … b5 (PVTv2), tiny | small | medium | large (PVT v1)
     embed_dims: list[int] | None = None
     depths: list[int] | None = None
     num_heads: list[int] | None = None
     mlp_ratios: list[float] | None = None
-    # spatial reduction of variants taking sr_ratio; None: (8, 4, 2, 1) for softmax/sra, none for agent/pola
+    # spatial reduction of the quadratic variants taking sr_ratio (softmax, sra); None: (8, 4, 2, 1)
     sr_ratios: Sequence[int] | None = None
     drop_path_rate: float = 0.0
+    # spatial reduction of the other variants taking sr_ratio (flatten, agent, pola); None: none
+    linear_sr_ratios: Sequence[int] | None = None
+    patch_embed: str = "overlap"  # overlap (PVTv2: 7×7/4, 3×3/2) | plain (PVT v1: 4×4/4, 2×2/2)
+    ffn: str = "mix"  # mix (Mix-FFN, 3×3 depthwise conv) | mlp (PVT v1's plain MLP)
+    # none | learned: per-stage position embeddings (and the variant's key encodings / biases) stored on the
+    # img_size grids, resampled bilinearly to any input
+    position_encoding: str = "none"
+    img_size: int = 224  # pretraining input size that sizes the learned position encodings
+    stage_norm: bool = True  # LayerNorm closing each stage (PVTv2); the PVT v1 releases have none
+    # one dict of attention options per stage, over attention.options (Agent-PVT: agent_num 9, 16, 49, 49)
+    stage_attention_options: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

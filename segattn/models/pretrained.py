@@ -87,7 +87,10 @@ def is_attention_extra(key: str) -> bool:
 
 def load_encoder_weights(encoder: Encoder, source: str) -> None:
     """Load ``source`` (file path or timm name) into ``encoder``; a clear error lists what does not fit."""
-    state_dict = encoder.convert_state_dict(read_state_dict(source))
+    try:
+        state_dict = encoder.convert_state_dict(read_state_dict(source))
+    except ValueError as err:  # a converter that checks the fit itself (official_pvt) names what is wrong
+        raise ValueError(f"pretrained={source!r}: {err}") from None
     own = encoder.state_dict()
     missing = [k for k in own if k not in state_dict and not is_attention_extra(k)]
     unexpected = [k for k in state_dict if k not in own and not is_attention_extra(k)]

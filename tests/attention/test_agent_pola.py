@@ -258,7 +258,8 @@ def test_flags() -> None:
 
 def test_pvt_reduces_only_quadratic_variants_by_default() -> None:
     """model=pvt: softmax keeps PVTv2's sr_ratios, agent and pola attend at full resolution (as the
-    released Agent-PVT and PolaFormer-PVT) unless model.sr_ratios is given."""
+    released Agent-PVT and PolaFormer-PVT) unless model.linear_sr_ratios is given (the official
+    la_sr_ratios); model.sr_ratios is the quadratic variants' only."""
 
     def ratios(attention: str, **options: Any) -> list[int]:
         model = build_model("pvt", num_classes=2, attention=attention, embed_dims=[8, 16, 40, 64], **options)
@@ -266,4 +267,7 @@ def test_pvt_reduces_only_quadratic_variants_by_default() -> None:
 
     assert ratios("softmax") == [8, 4, 2, 1]
     assert ratios("agent") == ratios("pola") == [1, 1, 1, 1]
-    assert ratios("agent", sr_ratios=[4, 2, 1, 1]) == [4, 2, 1, 1]
+    assert ratios("agent", linear_sr_ratios=[4, 2, 1, 1]) == [4, 2, 1, 1]
+    assert ratios("pola", sr_ratios=[4, 2, 1, 1]) == [1, 1, 1, 1]
+    assert ratios("flatten") == [1, 1, 1, 1]  # saved flatten configs carry sr_ratios: [8, 4, 2, 1]
+    assert ratios("flatten", sr_ratios=[8, 4, 2, 1]) == [1, 1, 1, 1]
