@@ -93,23 +93,38 @@ def agent_attention(
     return ((q * scale) @ agents.transpose(-2, -1) + query_bias).softmax(dim=-1) @ agent_v
 
 
+def polarity_features(x: Tensor, power: Tensor) -> Tensor:
+    """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d]."""
+    magnitude = x.abs() ** power
+    positive = torch.where(x > 0, magnitude, 0.0)
+    return torch.cat([positive, magnitude - positive], dim=-1)
+
+
+def swap_halves(x: Tensor) -> Tensor:
+    """Exchange the two halves of dim −2 ([φ(x), φ(−x)] rows ↔ [φ(−x), φ(x)] rows)."""
+    half = x.shape[-2] // 2
+    return torch.cat([x[..., half:, :], x[..., :half, :]], dim=-2)
+
+
 @full_precision
 def pola_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float = 1e-6) -> Tensor:
     """Polarity-aware linear attention on q, k already scaled (and k position-encoded).
 
     With φ(x) = relu(x)^p (p per channel, ``power`` broadcastable to [h, 1, d]), q± = φ(±q), k± = φ(±k):
     same-sign similarity S_ij = q⁺_i·k⁺_j + q⁻_i·k⁻_j weighs the first half of v's channels, opposite-sign
-    O_ij = q⁻_i·k⁺_j + q⁺_i·k⁻_j the second: out_i = [Σ_j S_ij v¹_j / (Σ_j S_ij + N·eps),
-    Σ_j O_ij v²_j / (Σ_j O_ij + N·eps)]. As published, eps is added to the mean over keys (Σ_j / N) and
-    kᵀv is formed as (kᵀ/√N)(v/√N). q, k, v: [B, h, N, d] (k, v may have M ≠ N rows), d even.
+    O_ij = q⁻_i·k⁺_j + q⁺_i·k⁻_j the second: out_i = [Σ_j S_ij v¹_j / (Σ_j S_ij + M·eps),
+    Σ_j O_ij v²_j / (Σ_j O_ij + M·eps)]. As published, eps is added to the mean over keys (Σ_j / M) and
+    kᵀv is formed as (kᵀ/√M)(v/√M). q: [B, h, N, d]; k, v: [B, h, M, d], d even.
+
+    O_ij is [q⁺, q⁻]_i · [k⁻, k⁺]_j, so both halves come from the one feature matrix [q⁺, q⁻] against a
+    [2d, d] context whose second half has its key rows swapped: one product for the numerators, one for
+    the two normalisers.
     """
-    m = k.shape[-2]
-    q_pos, q_neg = F.relu(q) ** power, F.relu(-q) ** power
-    keys = torch.cat([F.relu(k) ** power, F.relu(-k) ** power], dim=-1)  # [B, h, M, 2d]
-    same, opposite = torch.cat([q_pos, q_neg], dim=-1), torch.cat([q_neg, q_pos], dim=-1)
-    v_same, v_opposite = v.chunk(2, dim=-1)
-    key_mean = keys.mean(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, 2d, 1]
-    scaled_keys = keys.transpose(-2, -1) * m**-0.5
-    out_same = (same @ (scaled_keys @ (v_same * m**-0.5))) / (same @ key_mean + eps)
-    out_opposite = (opposite @ (scaled_keys @ (v_opposite * m**-0.5))) / (opposite @ key_mean + eps)
-    return torch.cat([out_same, out_opposite], dim=-1)
+    m, half = k.shape[-2], v.shape[-1] // 2
+    queries, keys = polarity_features(q, power), polarity_features(k, power)  # [.., N, 2d], [.., M, 2d]
+    context = (keys.transpose(-2, -1) * m**-0.5) @ (v * m**-0.5)  # [B, h, 2d, d]
+    context = torch.cat([context[..., :half], swap_halves(context[..., half:])], dim=-1)
+    key_mean = keys.mean(dim=-2).unsqueeze(-1)  # [B, h, 2d, 1]
+    normalizer = queries @ torch.cat([key_mean, swap_halves(key_mean)], dim=-1) + eps  # [B, h, N, 2]
+    out = queries @ context  # [B, h, N, d]
+    return torch.cat([out[..., :half] / normalizer[..., :1], out[..., half:] / normalizer[..., 1:]], dim=-1)
