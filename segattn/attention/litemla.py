@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..layers import HW, from_grid, to_grid
+from ..layers import HW, depthwise_conv, from_grid, to_grid
 from .base import AttentionBase
 from .functional_lite import LITE_KERNELS, lite_linear_attention
 
@@ -34,10 +34,10 @@ class LiteMultiScaleAttention(AttentionBase):
     wide, as in every variant; ``head_dim`` given overrides ``num_heads`` with ``dim // head_dim``. The
     efficientvit model passes ``num_heads = width // head_dim`` of its size, which is timm's head count.
 
-    Parameters (timm's LiteMLA names after ``EfficientViT.convert_state_dict``): ``qkv`` (C→3C, no bias by
-    default; channels grouped per head as [q_h, k_h, v_h], timm's order, not AttentionBase's [q | k | v]),
-    ``aggreg.i.0`` (depthwise conv, scale i) and ``aggreg.i.1`` (grouped 1×1 conv), ``proj.0`` ((1 + S)·C→C,
-    no bias), ``proj.1`` (TokenBatchNorm; in timm ``proj.conv`` and ``proj.norm``).
+    Parameters: ``qkv`` (C→3C, no bias by default, [q | k | v] as in every variant), ``aggreg.i.0``
+    (depthwise conv of scale i) and ``aggreg.i.1`` (1×1 conv, 3·heads groups of d channels), ``proj.0``
+    ((1 + S)·C→C, no bias), ``proj.1`` (TokenBatchNorm). ``convert_timm_state_dict`` maps timm's LiteMLA
+    onto them: timm orders the q, k, v channels per head ([q_h | k_h | v_h] for each head h).
     """
 
     def __init__(
@@ -82,21 +82,42 @@ class LiteMultiScaleAttention(AttentionBase):
             nn.Linear(dim * (1 + len(self.scales)), dim, bias=False), TokenBatchNorm(dim)
         )
 
-    def project(self, x: Tensor, hw: HW) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v as [B, N, C] each, from ``qkv``'s per-head [q_h | k_h | v_h] channel groups."""
-        q, k, v = self.qkv(x).unflatten(-1, (self.num_heads, 3, self.head_dim)).unbind(-2)  # [B, N, h, d]
-        return q.flatten(2), k.flatten(2), v.flatten(2)
-
     def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
         """Multi-scale aggregation, then attention in every head of every scale; [B, N, C] q, k, v ->
         [B, N, (1 + S)·C] (everything between the projections, as ``bench op`` times it)."""
-        heads = (self.num_heads, self.head_dim)
-        qkv = torch.stack([t.unflatten(-1, heads) for t in (q, k, v)], dim=-2).flatten(2)  # [B, N, 3C]
-        grid = to_grid(qkv, hw)  # [B, 3C, H, W]
-        tokens = torch.cat([qkv, *(from_grid(aggregate(grid)) for aggregate in self.aggreg)], dim=-1)
-        # [B, N, (1 + S)·h, 3, d] -> q, k, v [B, (1 + S)·h, N, d] each
-        q, k, v = tokens.unflatten(-1, (-1, 3, self.head_dim)).transpose(1, 2).unbind(-2)
-        return lite_linear_attention(q, k, v, self.kernel, self.eps).transpose(1, 2).flatten(2)
+        qkv = torch.cat([q, k, v], dim=-1)  # [B, N, 3C]
+        grid = to_grid(qkv, hw)  # [B, 3C, H, W], channels-last
+        scales = [
+            qkv,
+            *(from_grid(pointwise(depthwise_conv(grid, depthwise))) for depthwise, pointwise in self.aggreg),
+        ]
+        mixed = []
+        for tokens in scales:  # each scale's heads attend among themselves
+            # [B, N, 3C] -> q, k, v [B, h, N, d] each
+            q, k, v = (
+                tokens.unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
+            )
+            mixed.append(
+                lite_linear_attention(q, k, v, self.kernel, self.eps).transpose(1, 2)
+            )  # [B, N, h, d]
+        return torch.cat(mixed, dim=2).flatten(2)  # [B, N, (1 + S)·C], scale-major heads
+
+    def convert_timm_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A timm ``LiteMLA`` state dict (``qkv.conv``, ``aggreg``, ``proj.conv``, ``proj.norm``) → this
+        module's: q, k, v channels regrouped from timm's per-head order to [q | k | v] (rows of ``qkv``
+        and of both aggregation convs; a group of the grouped conv keeps its own d×d weight), 1×1 conv
+        weights as linear ones."""
+        # our channel (j, h, i) of q/k/v j, head h, channel i is timm's channel h·3d + j·d + i
+        order = torch.arange(3 * self.dim).view(self.num_heads, 3, self.head_dim).transpose(0, 1).flatten()
+        renames = {"qkv.conv.": "qkv.", "proj.conv.": "proj.0.", "proj.norm.": "proj.1."}
+        out = {}
+        for key, value in state_dict.items():
+            for theirs, ours in renames.items():
+                key = key.replace(theirs, ours)
+            if key.startswith(("qkv.", "aggreg.")):
+                value = value[order]
+            out[key] = value.flatten(1) if key in ("qkv.weight", "proj.0.weight") else value
+        return out
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scales={self.scales}, kernel={self.kernel}"

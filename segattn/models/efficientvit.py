@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase
+from segattn.attention.litemla import LiteMultiScaleAttention
 from segattn.layers import from_grid, to_grid
 
 from .blocks import AttentionSpec
@@ -35,14 +36,6 @@ EFFICIENTVIT_SIZES: dict[str, dict[str, Any]] = {  # timm's efficientvit_b0..b3 
     "b3": {"widths": (32, 64, 128, 256, 512), "depths": (1, 4, 6, 6, 9), "head_dim": 32},
 }
 NORM, ACT = nn.BatchNorm2d, nn.Hardswish  # timm's EfficientVit defaults
-# timm LiteMLA parameter → ours: its 1×1 convs are linear layers on tokens here ([out, in, 1, 1] → [out, in])
-LITEMLA_NAMES = {
-    "context_module.main.qkv.conv.": "attn.qkv.",
-    "context_module.main.aggreg.": "attn.aggreg.",
-    "context_module.main.proj.conv.": "attn.proj.0.",
-    "context_module.main.proj.norm.": "attn.proj.1.",
-}
-POINTWISE = ("attn.qkv.weight", "attn.proj.0.weight")
 
 
 class EfficientViTBlock(nn.Module):
@@ -193,15 +186,24 @@ class EfficientViT(Encoder):
         return 1 + sum(self.stage_sizes[: int(stage)]) + int(block)
 
     def convert_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-        """timm ``efficientvit_b*`` weights → ours: LiteMLA's names under ``attn.`` (``LITEMLA_NAMES``), its
-        1×1 conv weights squeezed to linear ones; the classifier head dropped."""
-        out = {}
+        """timm ``efficientvit_b*`` weights → ours: each block's ``context_module.main`` (timm's LiteMLA) to
+        ``attn`` through ``LiteMultiScaleAttention.convert_timm_state_dict``; the classifier head dropped.
+        With another attention the LiteMLA weights keep timm's names, and loading lists them as unexpected.
+        """
+        out: dict[str, Tensor] = {}
+        blocks: dict[str, dict[str, Tensor]] = {}
         for key, value in state_dict.items():
-            if key.startswith("head."):
-                continue
-            for theirs, ours in LITEMLA_NAMES.items():
-                key = key.replace(theirs, ours)
-            out[key] = value.flatten(1) if key.endswith(POINTWISE) and value.dim() == 4 else value
+            block, found, rest = key.partition(".context_module.main.")
+            if found:
+                blocks.setdefault(block, {})[rest] = value
+            elif not key.startswith("head."):
+                out[key] = value
+        modules = dict(self.named_modules())
+        for block, state in blocks.items():
+            attn = modules.get(f"{block}.attn")
+            if isinstance(attn, LiteMultiScaleAttention):
+                state = attn.convert_timm_state_dict(state)
+            out.update({f"{block}.attn.{key}": value for key, value in state.items()})
         return out
 
 

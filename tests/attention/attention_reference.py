@@ -228,8 +228,8 @@ def flatten_reference(module: torch.nn.Module, x: Tensor, hw, p: float = 3.0, ep
 
 
 def litemla_reference(module: torch.nn.Module, x: Tensor, hw, eps: float = 1e-5) -> Tensor:
-    """LiteMLA (Cai et al. 2023) from the paper: one projection to [q_h, k_h, v_h] per head (d channels
-    each); per scale, every channel through a depthwise s×s conv and each head's q, k, v through its own
+    """LiteMLA (Cai et al. 2023) from the paper: one projection to [q | k | v], each C = heads·d channels;
+    per scale, every channel through a depthwise s×s conv and each head's q, k, v through its own
     d×d 1×1 conv, giving as many heads again; per head W_ij = ReLU(q_i)·ReLU(k_j) / (Σ_j ReLU(q_i)·ReLU(k_j)
     + eps) over the same scale's tokens; all heads' outputs concatenated, projected, BatchNorm (batch
     statistics over B·N tokens in training, running ones in eval)."""
@@ -247,8 +247,8 @@ def litemla_reference(module: torch.nn.Module, x: Tensor, hw, eps: float = 1e-5)
             groups = pointwise.weight[:, :, 0, 0].reshape(-1, d, d)  # [3·heads, d_out, d_in]
             mixed.append((groups @ blocks).reshape(-1, height * width).T)
         scales.append(torch.stack(mixed))
-    heads = torch.cat(scales, dim=-1).unflatten(-1, (-1, 3, d))  # [B, N, (1 + S)·heads, 3, d]
-    q, k, v = (heads[..., i, :].transpose(1, 2) for i in range(3))  # [B, heads', N, d]
+    heads = torch.stack(scales, dim=2).unflatten(-1, (3, -1, d))  # [B, N, 1 + S, 3, heads, d]
+    q, k, v = (heads[:, :, :, i].flatten(2, 3).transpose(1, 2) for i in range(3))  # [B, heads', N, d]
     out = merge(linear_weights(q, k, "relu", eps) @ v) @ module.proj[0].weight.T  # [B, N, C]
     norm = module.proj[1]
     if norm.training:

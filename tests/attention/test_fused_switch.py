@@ -31,6 +31,7 @@ FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function
     ("flatten", {}, {FocusedAttention, DepthwiseConv}),  # its DWC is 5×5: DepthwiseConv's backward
     ("performer", {}, {KernelAttention}),
     ("nystrom", {"conv_kernel": 5}, {DepthwiseConv}),  # the V conv over 3×3 takes DepthwiseConv
+    ("litemla", {}, {DepthwiseConv}),  # its 5×5 aggregation
     ("pola", {}, {DepthwiseConv}),  # its DWC is 5×5
 ]
 FUSED = parametrize_variants([(name, options) for name, options, _ in FUSED_VARIANTS])

@@ -63,20 +63,17 @@ def test_elu_kernel_equals_its_quadratic_form() -> None:
 
 
 def test_equals_timm_litemla() -> None:
-    """timm's LiteMLA (1×1 convs on NCHW) with its weights copied: the same function, float32."""
+    """timm's LiteMLA (1×1 convs on NCHW, per-head q/k/v channel order) with its weights converted: the same
+    function, float32."""
     torch.manual_seed(0)
     timm_module = LiteMLA(32, 32, dim=8, scales=(3, 5), norm_layer=(None, torch.nn.BatchNorm2d)).eval()
     module = build_attention("litemla", 32, 4, scales=[3, 5]).eval()
     with torch.no_grad():
         for tensor in [*timm_module.parameters(), timm_module.proj.norm.running_mean]:
             tensor.normal_()
-    names = {"qkv.conv.": "qkv.", "proj.conv.": "proj.0.", "proj.norm.": "proj.1."}
-    state = {}
-    for key, value in timm_module.state_dict().items():
-        for theirs, ours in names.items():
-            key = key.replace(theirs, ours)
-        state[key] = value.flatten(1) if key in ("qkv.weight", "proj.0.weight") else value
-    module.load_state_dict(state)  # strict: the same parameters, no more
+    module.load_state_dict(
+        module.convert_timm_state_dict(timm_module.state_dict())
+    )  # strict: same parameters
     x = torch.randn(2, 32, 6, 10)
     with torch.no_grad():
         expected = timm_module(x)
