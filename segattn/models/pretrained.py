@@ -9,6 +9,7 @@ which a checkpoint trained with another attention variant cannot provide.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import timm
@@ -47,7 +48,17 @@ def read_weights_file(path: Path) -> dict[str, Tensor]:
         )
     if path.suffix == ".safetensors":
         return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = " ".join(str(error).split())[:200]
+        raise ValueError(
+            f"pretrained={str(path)!r}: refused to unpickle (weights_only=True allows only tensors and plain "
+            f"data): {first}. A training checkpoint that also stores Python objects (the official FLatten / "
+            "Agent / PolaFormer releases may keep their yacs config beside 'model') can be reduced to its "
+            "weights once, if you trust the file: python -c \"import torch; torch.save(torch.load('IN.pth', "
+            "weights_only=False)['model'], 'OUT.pth')\""
+        ) from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -87,8 +98,9 @@ def is_attention_extra(key: str) -> bool:
 
 def load_encoder_weights(encoder: Encoder, source: str) -> None:
     """Load ``source`` (file path or timm name) into ``encoder``; a clear error lists what does not fit."""
+    weights = read_state_dict(source)
     try:
-        state_dict = encoder.convert_state_dict(read_state_dict(source))
+        state_dict = encoder.convert_state_dict(weights)
     except ValueError as err:  # a converter that checks the fit itself (official_pvt) names what is wrong
         raise ValueError(f"pretrained={source!r}: {err}") from None
     own = encoder.state_dict()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,20 @@ def test_pvt_v1_preset_composes_the_official_layout() -> None:
     stage = model.encoder.stages[0]
     assert isinstance(stage.norm, torch.nn.Identity) and stage.pos_embed.shape == (1, 56 * 56, 64)
     assert model.encoder.patch_embed.proj.kernel_size == (4, 4) and stage.blocks[0].attn.sr_ratio == 1
+
+
+@dataclass
+class TrainingConfig:
+    """Stands for the yacs config the official training scripts save beside the weights."""
+
+    epochs: int = 300
+
+
+def test_checkpoint_with_python_objects_is_refused_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "flatten_pvt_tiny.pth"
+    torch.save({"model": {"pos_embed1": torch.zeros(1)}, "config": TrainingConfig()}, path)
+    with pytest.raises(ValueError) as error:
+        build_model("pvt", 3, attention="flatten", pretrained=str(path), **V1)
+    message = str(error.value)
+    assert message.startswith(f"pretrained={str(path)!r}: refused to unpickle (weights_only=True")
+    assert "torch.load('IN.pth', weights_only=False)['model']" in message
