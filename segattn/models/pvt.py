@@ -53,8 +53,6 @@ LAYOUT_CHOICES = {  # option → its values: PVTv2's (the default) first, PVT v1
     "ffn": ("mix", "mlp"),
     "position_encoding": ("none", "learned"),
 }
-# attention options the pvt model sets per stage: a value in attention.options would apply to all stages
-STAGE_SET_OPTIONS = ("sr_ratio", "position_encoding", "position_size", "bias_size")
 
 
 class PatchEmbed(nn.Module):
@@ -84,7 +82,6 @@ class PVTStage(nn.Module):
         num_heads: int,
         mlp_ratio: float,
         attn_layer: AttentionSpec,
-        attn_extra: dict[str, Any],
         drop_path: list[float],
         downsample: bool,
         patch_embed: str = "overlap",
@@ -104,7 +101,7 @@ class PVTStage(nn.Module):
         self.blocks = nn.ModuleList(
             Block(
                 dim,
-                attn_layer(dim, num_heads, **attn_extra),
+                attn_layer(dim, num_heads),
                 MixFFN(dim, hidden) if ffn == "mix" else TokenMlp(dim, hidden),
                 drop_path[i],
             )
@@ -135,8 +132,9 @@ class PyramidVisionTransformer(Encoder):
     ``position_encoding="learned"`` stores a position embedding per stage on its ``img_size`` // stride
     grid, and sizes the variant's own position parameters by the same grid (reduced by the stage's ratio
     for keys): ``position_encoding="learned"`` and ``position_size`` for flatten and pola, ``bias_size`` for
-    agent. ``stage_attention_options`` (one dict per stage) adds per-stage attention options, e.g. the
-    released Agent-PVT's ``agent_num`` 9, 16, 49, 49.
+    agent, over the values in attention.options. ``stage_attention_options`` (one dict per stage) sets
+    per-stage attention options over attention.options, e.g. the released Agent-PVT's ``agent_num`` 9, 16,
+    49, 49.
     """
 
     def __init__(
@@ -177,13 +175,12 @@ class PyramidVisionTransformer(Encoder):
         for key, value in layout.items():
             if value not in LAYOUT_CHOICES[key]:
                 raise ValueError(f"pvt: {key}={value!r}; expected one of {list(LAYOUT_CHOICES[key])}")
-        for key in STAGE_SET_OPTIONS:
-            if key in attn_layer.options:
-                raise ValueError(
-                    f"pvt: attention option {key}={attn_layer.options[key]} would apply to all stages; "
-                    "set the per-stage model.sr_ratios / model.linear_sr_ratios (e.g. [8, 4, 2, 1]) or "
-                    "model.position_encoding=learned (sized per stage by model.img_size) instead"
-                )
+        if "sr_ratio" in attn_layer.options:
+            raise ValueError(
+                f"pvt: attention option sr_ratio={attn_layer.options['sr_ratio']} would apply to all stages; "
+                "set the per-stage model.sr_ratios (softmax, sra) or model.linear_sr_ratios (flatten, agent, "
+                "pola), e.g. [8, 4, 2, 1], instead"
+            )
         learned = position_encoding == "learned"
         grids = [img_size // (4 * 2**i) for i in range(stages)]  # each stage's grid at the pretraining size
         if learned and min(grids) < 1:
@@ -192,12 +189,16 @@ class PyramidVisionTransformer(Encoder):
                 f"img_size >= {4 * 2 ** (stages - 1)}"
             )
         ratios = stage_sr_ratios(attn_layer, stages, sr_ratios, linear_sr_ratios)
-        extras = [
-            {
-                **({"sr_ratio": ratios[i]} if ratios else {}),
-                **(stage_position_options(attn_layer, grids[i]) if learned else {}),
-                **(stage_attention_options[i] if stage_attention_options else {}),
-            }
+        specs = [  # per stage: attention.options, then what the stage sets over them
+            replace(
+                attn_layer,
+                options={
+                    **attn_layer.options,
+                    **({"sr_ratio": ratios[i]} if ratios else {}),
+                    **(stage_position_options(attn_layer, grids[i]) if learned else {}),
+                    **(stage_attention_options[i] if stage_attention_options else {}),
+                },
+            )
             for i in range(stages)
         ]
         self.patch_embed = PatchEmbed(
@@ -212,8 +213,7 @@ class PyramidVisionTransformer(Encoder):
                 depths[i],
                 num_heads[i],
                 mlp_ratios[i],
-                attn_layer,
-                extras[i],
+                specs[i],
                 rates[starts[i] : starts[i] + depths[i]],
                 downsample=i > 0,
                 patch_embed=patch_embed,

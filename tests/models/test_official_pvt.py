@@ -203,19 +203,39 @@ def test_keys_that_do_not_fit_are_named(tmp_path: Path) -> None:
     assert "pos_embed1" in message and "model=pvt_v1 attention=flatten model.depths=[2, 2, 2, 2]" in message
 
 
-def test_pvt_v1_preset_composes_the_official_layout() -> None:
-    """``model=pvt_v1``: PVT v1's layout over model=pvt's keys, building without a warning."""
+AGENT_OVERRIDE = (
+    "model.stage_attention_options=[{agent_num: 9}, {agent_num: 16}, {agent_num: 49}, {agent_num: 49}]"
+)
+
+
+@pytest.mark.parametrize(
+    ("attention", "overrides"), [("flatten", []), ("pola", []), ("agent", [AGENT_OVERRIDE])]
+)
+def test_pvt_v1_preset_composes_the_official_layout(attention: str, overrides: list[str]) -> None:
+    """``model=pvt_v1 attention=<variant>`` from the real conf/: PVT v1's layout, and the attention's position
+    parameters sized per stage over the yaml's single value (bias_size, position_size: 14)."""
     with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=["model=pvt_v1", "attention=flatten"])
+        cfg = compose("train", overrides=["model=pvt_v1", f"attention={attention}", *overrides])
     options = OmegaConf.to_container(cfg.model, resolve=True)
     options.pop("compile")
+    group = OmegaConf.to_container(cfg.attention, resolve=True)
     assert {k: options[k] for k in V1} == V1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = build_model(num_classes=3, attention="flatten", **options)
-    stage = model.encoder.stages[0]
-    assert isinstance(stage.norm, torch.nn.Identity) and stage.pos_embed.shape == (1, 56 * 56, 64)
-    assert model.encoder.patch_embed.proj.kernel_size == (4, 4) and stage.blocks[0].attn.sr_ratio == 1
+        model = build_model(
+            num_classes=3, attention=group["name"], attention_options=group["options"], **options
+        )
+    encoder = model.encoder
+    assert encoder.patch_embed.proj.kernel_size == (4, 4)
+    assert all(isinstance(stage.norm, torch.nn.Identity) for stage in encoder.stages)
+    assert [stage.pos_embed.shape[1] for stage in encoder.stages] == [g * g for g in GRIDS]
+    attns = [stage.blocks[0].attn for stage in encoder.stages]
+    assert [attn.sr_ratio for attn in attns] == [1, 1, 1, 1]
+    if attention == "agent":
+        assert [attn.agent_num for attn in attns] == list(AGENT_NUMS)
+        assert [attn.ha_bias.shape[2] for attn in attns] == list(GRIDS)
+    else:
+        assert [attn.positional_encoding.shape[1] for attn in attns] == [g * g for g in GRIDS]
 
 
 @dataclass
