@@ -182,6 +182,105 @@ def test_position_encodings_are_the_stored_ones_at_224_and_bilinear_elsewhere(lo
             torch.testing.assert_close(attn.agent_key_bias((grid, grid)), expected.flatten(-2))
 
 
+def official_flatten_attention(
+    sd: dict[str, Tensor], a: str, x: Tensor, hw: tuple[int, int], heads: int
+) -> Tensor:
+    """FLatten-PVT's attention as its paper and release define it, at la_sr_ratio 1 (224² keys: the stored
+    key encoding as is): focused q, k (relu + 1e-6, / softplus(scale), power 3 renormalised over C),
+    q (Σ kᵀv / n) / (q · mean k + 1e-6) per head, plus the shared depthwise conv of each head's V."""
+    batch, tokens, channels = x.shape
+    q = F.linear(x, sd[a + "q.weight"], sd[a + "q.bias"])
+    k, v = F.linear(x, sd[a + "kv.weight"], sd[a + "kv.bias"]).chunk(2, dim=-1)
+    k = k + sd[a + "positional_encoding"]
+    scale = F.softplus(sd[a + "scale"])
+    q, k = ((F.relu(t) + 1e-6) / scale for t in (q, k))
+    q, k = (t**3 / (t**3).norm(dim=-1, keepdim=True) * t.norm(dim=-1, keepdim=True) for t in (q, k))
+    q, k, v = (t.reshape(batch, tokens, heads, -1).transpose(1, 2) for t in (q, k, v))
+    z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
+    out = (q @ ((k.transpose(-2, -1) * tokens**-0.5) @ (v * tokens**-0.5)) * z).transpose(1, 2)
+    images = v.reshape(batch * heads, *hw, -1).permute(0, 3, 1, 2)
+    d = images.shape[1]
+    local = F.conv2d(images, sd[a + "dwc.weight"], sd[a + "dwc.bias"], padding=2, groups=d)
+    out = out.reshape(batch, tokens, channels) + local.reshape(batch, channels, tokens).transpose(1, 2)
+    return F.linear(out, sd[a + "proj.weight"], sd[a + "proj.bias"])
+
+
+def official_pola_attention(
+    sd: dict[str, Tensor], a: str, x: Tensor, hw: tuple[int, int], heads: int
+) -> Tensor:
+    """PolaFormer-PVT's attention as released, at la_sr_ratio 1: q and the gate g from ``qg``, k + the stored
+    key encoding, q, k / softplus(scale) split into relu(±·)^p with p = 1 + 4·sigmoid(power) per channel;
+    same-sign pairs on the first half of each head's V, opposite-sign on the second; plus the shared
+    depthwise conv of V; times g."""
+    batch, tokens, channels = x.shape
+    q, g = F.linear(x, sd[a + "qg.weight"], sd[a + "qg.bias"]).chunk(2, dim=-1)
+    k, v = F.linear(x, sd[a + "kv.weight"], sd[a + "kv.bias"]).chunk(2, dim=-1)
+    k = k + sd[a + "positional_encoding"]
+    scale, power = F.softplus(sd[a + "scale"]), 1 + 4 * torch.sigmoid(sd[a + "power"])
+    q, k, v = (t.reshape(batch, tokens, heads, -1).transpose(1, 2) for t in (q / scale, k / scale, v))
+    q_pos, q_neg, k_pos, k_neg = (F.relu(t) ** power for t in (q, -q, k, -k))
+    keys = torch.cat([k_pos, k_neg], dim=-1)
+    halves = []
+    for query, values in zip(
+        (torch.cat([q_pos, q_neg], -1), torch.cat([q_neg, q_pos], -1)), v.chunk(2, dim=-1), strict=True
+    ):
+        z = 1 / (query @ keys.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
+        halves.append(query @ ((keys.transpose(-2, -1) * tokens**-0.5) @ (values * tokens**-0.5)) * z)
+    out = torch.cat(halves, dim=-1).transpose(1, 2).reshape(batch, tokens, channels)
+    images = v.reshape(batch * heads, *hw, -1).permute(0, 3, 1, 2)
+    d = images.shape[1]
+    local = F.conv2d(images, sd[a + "dwc.weight"], sd[a + "dwc.bias"], padding=2, groups=d)
+    out = (out + local.reshape(batch, channels, tokens).transpose(1, 2)) * g
+    return F.linear(out, sd[a + "proj.weight"], sd[a + "proj.bias"])
+
+
+def official_pvt_forward(sd: dict[str, Tensor], images: Tensor, attention) -> list[Tensor]:
+    """The releases' stage outputs (as their detection/segmentation backbones return them): per stage, plain
+    patches → LayerNorm (eps 1e-5) → + pos_embed, pre-norm blocks (eps 1e-6) with ``attention`` and a GELU
+    MLP, no stage norm."""
+    x, outs = images, []
+    for s in range(4):
+        p = f"patch_embed{s + 1}."
+        x = F.conv2d(x, sd[p + "proj.weight"], sd[p + "proj.bias"], stride=sd[p + "proj.weight"].shape[-1])
+        batch, channels, height, width = x.shape
+        tokens = F.layer_norm(
+            x.flatten(2).transpose(1, 2), (channels,), sd[p + "norm.weight"], sd[p + "norm.bias"]
+        )
+        tokens = tokens + sd[f"pos_embed{s + 1}"]  # 224² input: the stored grid
+        for j in range(DEPTHS[s]):
+            b = f"block{s + 1}.{j}."
+            normed = F.layer_norm(tokens, (channels,), sd[b + "norm1.weight"], sd[b + "norm1.bias"], 1e-6)
+            tokens = tokens + attention(sd, b + "attn.", normed, (height, width), HEADS[s])
+            normed = F.layer_norm(tokens, (channels,), sd[b + "norm2.weight"], sd[b + "norm2.bias"], 1e-6)
+            hidden = F.gelu(F.linear(normed, sd[b + "mlp.fc1.weight"], sd[b + "mlp.fc1.bias"]))
+            tokens = tokens + F.linear(hidden, sd[b + "mlp.fc2.weight"], sd[b + "mlp.fc2.bias"])
+        x = tokens.transpose(1, 2).reshape(batch, channels, height, width)
+        outs.append(x)
+    return outs
+
+
+@pytest.mark.parametrize(
+    ("release", "attention"), [("flatten", official_flatten_attention), ("pola", official_pola_attention)]
+)
+def test_features_equal_the_official_forward_at_224(tmp_path: Path, release: str, attention) -> None:
+    """The whole layout, not only the names: stage features of the loaded model against the release's own
+    forward written from its definition, in float64 (small weights keep the activations O(1))."""
+    official = {k: 0.05 * v for k, v in official_state_dict(release).items()}
+    for key in official:
+        if re.search(r"norm\d?\.weight$", key):
+            official[key] = 1 + official[key]
+    path = tmp_path / f"{release}_pvt_tiny.pth"
+    torch.save({"model": official}, path)  # float32, as released; both sides compute in float64
+    model = build_model("pvt", 3, attention=release, pretrained=str(path), **V1).double().eval()
+    official = {k: v.double() for k, v in official.items()}
+    images = torch.randn(1, 3, 224, 224, dtype=torch.float64)
+    with torch.no_grad():
+        for ours, theirs in zip(
+            model.encoder(images), official_pvt_forward(official, images, attention), strict=True
+        ):
+            torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-9)
+
+
 def test_keys_that_do_not_fit_are_named(tmp_path: Path) -> None:
     official = official_state_dict("flatten")
     official["extra_token"] = torch.zeros(1, 1, 64)
