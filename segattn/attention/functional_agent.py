@@ -14,9 +14,10 @@ import math
 import torch
 from torch import Tensor
 
-from ..layers import HW
+from ..layers import HW, use_fused
 from .functional import _upcast, full_precision
 from .functional_approx import segment_averaging
+from .fused_polarity import polarity_features_fused
 
 __all__ = [
     "adaptive_pooling_matrix",
@@ -108,7 +109,10 @@ def agent_attention(
 
 
 def polarity_features(x: Tensor, power: Tensor) -> Tensor:
-    """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d]."""
+    """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d].
+    In eager mode one autograd node with a hand-written backward (``fused_polarity``; ``use_fused``)."""
+    if use_fused():
+        return polarity_features_fused(x, power)
     magnitude = x.abs() ** power
     positive = torch.where(x > 0, magnitude, 0.0)
     return torch.cat([positive, magnitude - positive], dim=-1)

@@ -16,10 +16,16 @@ from torch import Tensor
 
 from segattn.attention.fused_focus import FocusedAttention
 from segattn.attention.fused_kernel import KernelAttention
+from segattn.attention.fused_polarity import PolarityFeatures
 from segattn.layers import FUSED_ENV, use_fused
 from segattn.layers.depthwise import DepthwiseConv
 
-FUNCTIONS: list[type[torch.autograd.Function]] = [KernelAttention, FocusedAttention, DepthwiseConv]
+FUNCTIONS: list[type[torch.autograd.Function]] = [
+    KernelAttention,
+    FocusedAttention,
+    DepthwiseConv,
+    PolarityFeatures,
+]
 # Variants with a fused path and the Functions it runs on CPU in eager mode; every other registered variant
 # runs none (checked below, so a new fused path must be listed here).
 FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function]]]] = [
@@ -32,7 +38,7 @@ FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function
     ("performer", {}, {KernelAttention}),
     ("nystrom", {"conv_kernel": 5}, {DepthwiseConv}),  # the V conv over 3×3 takes DepthwiseConv
     ("litemla", {}, {DepthwiseConv}),  # its 5×5 aggregation
-    ("pola", {}, {DepthwiseConv}),  # its DWC is 5×5
+    ("pola", {}, {PolarityFeatures, DepthwiseConv}),  # its DWC is 5×5
 ]
 FUSED = parametrize_variants([(name, options) for name, options, _ in FUSED_VARIANTS])
 BATCH, HW, DIM, HEADS = 2, (8, 8), 32, 2
