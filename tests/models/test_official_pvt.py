@@ -234,6 +234,35 @@ def official_pola_attention(
     return F.linear(out, sd[a + "proj.weight"], sd[a + "proj.bias"])
 
 
+def official_agent_attention(
+    sd: dict[str, Tensor], a: str, x: Tensor, hw: tuple[int, int], heads: int
+) -> Tensor:
+    """Agent-PVT's attention as released, at agent_sr_ratio 1: n agents average-pooled from the queries on a
+    √n×√n grid; agents attend to the keys (bias: the 7×7 ``an_bias`` interpolated to the key grid + the
+    row/column biases as stored), queries to the agents (likewise ``na_bias``, ``ha_bias``, ``wa_bias``),
+    softmax with scale d^-½; plus the depthwise conv of V."""
+    batch, tokens, channels = x.shape
+    d, agents = channels // heads, sd[a + "an_bias"].shape[1]
+    q = F.linear(x, sd[a + "q.weight"], sd[a + "q.bias"])
+    k, v = F.linear(x, sd[a + "kv.weight"], sd[a + "kv.bias"]).chunk(2, dim=-1)
+    side = int(agents**0.5)
+    pooled = F.adaptive_avg_pool2d(q.reshape(batch, *hw, channels).permute(0, 3, 1, 2), (side, side))
+    agent = pooled.reshape(batch, channels, agents).transpose(1, 2)
+    q, k, v, agent = (t.reshape(batch, -1, heads, d).transpose(1, 2) for t in (q, k, v, agent))
+    key_bias = F.interpolate(sd[a + "an_bias"], size=hw, mode="bilinear").reshape(1, heads, agents, -1)
+    key_bias = key_bias + (sd[a + "ah_bias"] + sd[a + "aw_bias"]).reshape(1, heads, agents, -1)
+    agent_v = torch.softmax(agent * d**-0.5 @ k.transpose(-2, -1) + key_bias, dim=-1) @ v
+    query_bias = F.interpolate(sd[a + "na_bias"], size=hw, mode="bilinear").reshape(1, heads, agents, -1)
+    query_bias = query_bias.transpose(-2, -1) + (sd[a + "ha_bias"] + sd[a + "wa_bias"]).reshape(
+        1, heads, -1, agents
+    )
+    out = torch.softmax(q * d**-0.5 @ agent.transpose(-2, -1) + query_bias, dim=-1) @ agent_v
+    out = out.transpose(1, 2).reshape(batch, tokens, channels)
+    image = v.transpose(1, 2).reshape(batch, *hw, channels).permute(0, 3, 1, 2)
+    local = F.conv2d(image, sd[a + "dwc.weight"], sd[a + "dwc.bias"], padding=1, groups=channels)
+    return F.linear(out + local.flatten(2).transpose(1, 2), sd[a + "proj.weight"], sd[a + "proj.bias"])
+
+
 def official_pvt_forward(sd: dict[str, Tensor], images: Tensor, attention) -> list[Tensor]:
     """The releases' stage outputs (as their detection/segmentation backbones return them): per stage, plain
     patches → LayerNorm (eps 1e-5) → + pos_embed, pre-norm blocks (eps 1e-6) with ``attention`` and a GELU
@@ -260,7 +289,12 @@ def official_pvt_forward(sd: dict[str, Tensor], images: Tensor, attention) -> li
 
 
 @pytest.mark.parametrize(
-    ("release", "attention"), [("flatten", official_flatten_attention), ("pola", official_pola_attention)]
+    ("release", "attention"),
+    [
+        ("flatten", official_flatten_attention),
+        ("pola", official_pola_attention),
+        ("agent", official_agent_attention),
+    ],
 )
 def test_features_equal_the_official_forward_at_224(tmp_path: Path, release: str, attention) -> None:
     """The whole layout, not only the names: stage features of the loaded model against the release's own
@@ -271,7 +305,8 @@ def test_features_equal_the_official_forward_at_224(tmp_path: Path, release: str
             official[key] = 1 + official[key]
     path = tmp_path / f"{release}_pvt_tiny.pth"
     torch.save({"model": official}, path)  # float32, as released; both sides compute in float64
-    model = build_model("pvt", 3, attention=release, pretrained=str(path), **V1).double().eval()
+    options = {**V1, **EXTRA.get(release, {})}
+    model = build_model("pvt", 3, attention=release, pretrained=str(path), **options).double().eval()
     official = {k: v.double() for k, v in official.items()}
     images = torch.randn(1, 3, 224, 224, dtype=torch.float64)
     with torch.no_grad():
