@@ -9,11 +9,13 @@ any resolution, state dicts, ONNX/TorchScript/compile) cover both variants throu
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from attention_reference import depthwise_conv
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from segattn.attention import (
@@ -24,6 +26,8 @@ from segattn.attention import (
     pola_attention,
 )
 from segattn.models import build_model
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
 
 
 def interpolation(out: int, size: int) -> Tensor:
@@ -252,10 +256,14 @@ def test_bad_options_fail_with_one_clear_error(name: str, options: dict[str, Any
     assert "\n" not in str(info.value)
 
 
-def test_flags() -> None:
-    for name in ("agent", "pola"):
-        cls = attention_class(name)
-        assert (cls.onnx_dynamic, cls.torchscript, cls.compilable, cls.quadratic) == (True, True, True, False)
+@pytest.mark.parametrize("name", ["agent", "pola"])
+def test_config_builds_and_flags(name: str) -> None:
+    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    assert cfg.name == name
+    module = build_attention(name, 32, 2, **OmegaConf.to_container(cfg.options))
+    assert module(torch.randn(1, 9 * 7, 32), (9, 7)).shape == (1, 63, 32)
+    cls = attention_class(name)
+    assert (cls.onnx_dynamic, cls.torchscript, cls.compilable, cls.quadratic) == (True, True, True, False)
 
 
 def test_pvt_reduces_only_quadratic_variants_by_default() -> None:
