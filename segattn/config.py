@@ -224,8 +224,13 @@ FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "bf16-true", "16-true"
 def check_fsdp(cfg: DictConfig) -> None:
     """``trainer.strategy.name=fsdp``: a precision the sharded strategy supports (16-mixed needs a
     gradient scaler it does not have), and no ``model.compile`` (compiling per-block-sharded models has
-    not been run here)."""
+    not been run here). Lightning's own ``trainer.strategy=fsdp`` string is refused for ``trainer=fsdp``."""
     strategy = OmegaConf.select(cfg, "trainer.strategy")
+    if isinstance(strategy, str) and strategy.startswith("fsdp"):
+        raise ValueError(
+            f"trainer.strategy={strategy}: Lightning's FSDP1 strategy shards the model as one unit and needs "
+            "GPUs; expected trainer=fsdp (FSDP2 per block, GPUs) or trainer=fsdp_cpu (2 CPU processes)"
+        )
     if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "fsdp"):
         return
     precision = str(cfg.trainer.get("precision"))

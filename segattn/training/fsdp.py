@@ -87,3 +87,17 @@ class FullyShardedStrategy(ModelParallelStrategy):
         if not isinstance(model, FSDPModule):
             shard_model(model, self.device_mesh["data_parallel"])
         super().setup(trainer)
+
+    def on_train_start(self) -> None:
+        """A resumed run creates its first batch iterator again, as DDP would have created it.
+
+        This strategy restores checkpoints after ``setup`` (the weights load into the sharded model), but
+        ``setup`` builds the optimizer and LR schedule, and counting the schedule's steps makes Lightning
+        create the first iterator: before the checkpoint's RNG state and the DataModule's position in the
+        epoch (``segattn.data.resumable``) were restored. Under DDP the restore comes first. Creating the
+        iterator again now draws its shuffle and worker seeds from the restored RNG and replays the batches
+        a mid-epoch checkpoint had already trained on."""
+        super().on_train_start()
+        trainer = self.lightning_module.trainer
+        if trainer.ckpt_path is not None:
+            iter(trainer.fit_loop._data_fetcher)  # Lightning's own call in FitLoop.setup_data, repeated

@@ -1,7 +1,7 @@
 """``trainer=fsdp_cpu``: two gloo processes with FSDP2 sharding per block train the same parameters as one
-process training on both processes' images, and the sharded run resumes from its checkpoint (weights,
-AdamW moments) to the same second step. Also: which modules are sharded as units, and the settings
-``trainer=fsdp`` refuses."""
+process training on both processes' images, and a run resumed mid-epoch from its checkpoint (weights,
+AdamW moments, RNG, the epoch's remaining batches) ends exactly as the uninterrupted run. Also: which
+modules are sharded as units, and the settings ``trainer=fsdp`` refuses."""
 
 import os
 import subprocess
@@ -42,6 +42,7 @@ COMMON = [
     "callbacks.rich_model_summary=null",
 ]
 FSDP = [*COMMON, "trainer=fsdp_cpu", "data.batch_size=2"]  # per process
+RESUME = ["data.batch_size=1", "model.dropout=0.1", "trainer.max_epochs=2", "test_after_fit=false"]
 SINGLE = [*COMMON, *QUIET, "data.batch_size=4", "test_after_fit=false"]
 
 
@@ -78,41 +79,44 @@ def max_difference(sharded: dict, single: dict) -> float:
 
 
 @pytest.mark.slow
-def test_fsdp_cpu_step_equals_single_process_and_resumes(train_config, tmp_path):
-    # One process, two steps; a checkpoint after each (epoch0.ckpt, epoch1.ckpt).
-    run(
-        train_config(
-            *SINGLE,
-            "trainer.max_epochs=2",
-            "callbacks.model_checkpoint.filename='epoch{epoch}'",
-            "callbacks.model_checkpoint.save_top_k=-1",
-            run="single",
-        )
-    )
-    single = [load(tmp_path / f"single/checkpoints/epoch{epoch}.ckpt") for epoch in (0, 1)]
+def test_fsdp_cpu_step_equals_single_process_and_resumes_mid_epoch(train_config, tmp_path):
+    # One process, one step on all four images.
+    run(train_config(*SINGLE, "trainer.max_epochs=1", run="single"))
+    single = load(tmp_path / "single/checkpoints/last.ckpt")
 
-    # FSDP: one step (with validation and the test of the best checkpoint), then resumed for the second.
+    # FSDP: the same step, two images per process (with validation and the test of the best checkpoint).
     first = load(train_fsdp(tmp_path, "fsdp_first", "trainer.max_epochs=1"))
+    assert first["global_step"] == 1
+    step_1 = max_difference(first["state_dict"], single["state_dict"])
+    assert step_1 < 1e-6
+
+    # Resume mid-epoch: two epochs of two steps (one image per process and step, dropout on), straight and
+    # from the checkpoint after step 1, must end the same, with the same epoch count.
+    resume = [
+        *RESUME,
+        "callbacks.model_checkpoint.monitor=null",
+        "callbacks.model_checkpoint.save_top_k=-1",
+        "callbacks.model_checkpoint.every_n_train_steps=1",
+        "callbacks.model_checkpoint.filename='step{step}'",
+    ]
+    straight = load(train_fsdp(tmp_path, "fsdp_straight", *resume))
     resumed = load(
         train_fsdp(
             tmp_path,
             "fsdp_resumed",
-            "trainer.max_epochs=2",
-            "test_after_fit=false",
-            f"ckpt_path={tmp_path / 'fsdp_first/checkpoints/last.ckpt'}",
+            *resume,
+            f"ckpt_path={tmp_path / 'fsdp_straight/checkpoints/step1.ckpt'}",
         )
     )
-
-    assert (first["global_step"], resumed["global_step"]) == (1, 2)
-    step_1 = max_difference(first["state_dict"], single[0]["state_dict"])
-    step_2 = max_difference(resumed["state_dict"], single[1]["state_dict"])
-    moved = max_difference(single[1]["state_dict"], single[0]["state_dict"])
-    print(
-        f"FSDP vs one process, max |Δparam|: step 1 {step_1:.2e}, step 2 (resumed) {step_2:.2e}; "
-        f"the second step moves parameters by up to {moved:.2e}"
+    assert (
+        (resumed["epoch"], resumed["global_step"]) == (straight["epoch"], straight["global_step"]) == (1, 4)
     )
-    assert step_1 < 1e-6 and step_2 < 1e-6
-    assert moved > 1e-4  # the second step's comparison can tell a lost optimizer state
+    resume_error = max_difference(resumed["state_dict"], straight["state_dict"])
+    print(
+        f"FSDP vs one process, max |Δparam| after one step: {step_1:.2e}; "
+        f"resumed mid-epoch vs straight: {resume_error:.2e}"
+    )
+    assert resume_error == 0.0
 
 
 @pytest.mark.parametrize(
@@ -139,6 +143,7 @@ def test_shard_units_are_the_blocks_and_cnn_stages(options, expected):
     [
         (["trainer.precision=16-mixed"], r"trainer\.precision=16-mixed with trainer\.strategy\.name=fsdp"),
         (["model.compile=true"], r"model\.compile=true with trainer\.strategy\.name=fsdp"),
+        (["trainer.strategy=fsdp"], r"trainer\.strategy=fsdp: Lightning's FSDP1 .* expected trainer=fsdp"),
     ],
 )
 def test_fsdp_refuses_unsupported_settings(overrides, message, tmp_path):
