@@ -99,5 +99,6 @@ class FullyShardedStrategy(ModelParallelStrategy):
         a mid-epoch checkpoint had already trained on."""
         super().on_train_start()
         trainer = self.lightning_module.trainer
-        if trainer.ckpt_path is not None:
-            iter(trainer.fit_loop._data_fetcher)  # Lightning's own call in FitLoop.setup_data, repeated
+        fetcher = trainer.fit_loop._data_fetcher  # None without training batches (limit_train_batches=0)
+        if trainer.ckpt_path is not None and fetcher is not None:
+            iter(fetcher)  # Lightning's own call at the end of FitLoop.setup_data, repeated
