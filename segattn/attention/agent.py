@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from ..layers import HW, depthwise_conv, from_grid, to_grid
-from .functional_agent import AGENT_POOLINGS, agent_attention, resample_grid
+from ..layers import HW, depthwise_conv, from_grid, resample_grid, to_grid
+from .functional_agent import AGENT_POOLINGS, agent_attention
 from .reduction import ReducedKeysAttention
 
 BLOCK_BIAS_SIZE = 7  # side of an_bias / na_bias, fixed in the official code

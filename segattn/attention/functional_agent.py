@@ -3,8 +3,9 @@
 
 Agent attention routes N queries through n ≪ N agent tokens: two softmax attentions of size N×n and n×M.
 Softmax, its normaliser and the polarity feature maps run in fp32 under bf16/fp16 autocast (float64 stays
-float64); results come back in the dtype of ``v``. The pooling and resampling helpers build their
-matrices from the grid size with ``arange``, so exported graphs keep H and W dynamic.
+float64); results come back in the dtype of ``v``. The pooling matrices (and the bias resampling,
+``layers.resample_grid``) are built from the grid size with ``arange``, so exported graphs keep H and W
+dynamic.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ __all__ = [
     "agent_attention",
     "agent_tokens",
     "pola_attention",
-    "resample_grid",
 ]
 
 AGENT_POOLINGS = ("grid", "segments")
@@ -57,31 +57,6 @@ def agent_tokens(q: Tensor, hw: HW, agent_num: int, pooling: str = "grid") -> Te
     cols = adaptive_pooling_matrix(hw[1], side, q)  # [√n, W]
     pool = (rows[:, None, :, None] * cols[None, :, None, :]).reshape(side * side, -1)  # [n, N]
     return pool @ q
-
-
-def interpolation_matrix(size: int, out: int, like: Tensor) -> Tensor:
-    """The [out, size] matrix of 1-D linear interpolation with half-pixel centres (``F.interpolate``'s
-    ``align_corners=False``): output i samples input (i + ½)·size/out − ½, clamped to [0, size − 1]. At
-    out = size it is the identity exactly."""
-    source = ((torch.arange(out, device=like.device, dtype=like.dtype) + 0.5) * size / out - 0.5).clamp(min=0)
-    low = source.floor()
-    frac = (source - low)[:, None]
-    low = low.long().clamp(max=size - 1)[:, None]
-    high = (low + 1).clamp(max=size - 1)
-    positions = torch.arange(size, device=like.device)
-    return (positions == low).to(like.dtype) * (1 - frac) + (positions == high).to(like.dtype) * frac
-
-
-def resample_grid(bias: Tensor, size: HW) -> Tensor:
-    """Bilinear resampling (half-pixel centres, as ViT position embeddings) of [..., h, w] maps to ``size``,
-    as two interpolation matrices: R_H · map · R_Wᵀ (a matmul backward, several times cheaper on CPU than
-    ``upsample_bilinear2d``'s), in the map's dtype even under autocast. At the stored size both are the
-    identity, so the stored values come back exactly (no size test: exported graphs stay free of shape
-    guards)."""
-    with torch.autocast(bias.device.type, enabled=False):
-        rows = interpolation_matrix(bias.shape[-2], size[0], bias)
-        cols = interpolation_matrix(bias.shape[-1], size[1], bias)
-        return rows @ bias @ cols.transpose(0, 1)
 
 
 @full_precision

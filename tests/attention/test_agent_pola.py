@@ -25,6 +25,7 @@ from segattn.attention import (
     build_attention,
     pola_attention,
 )
+from segattn.layers import resample_grid
 from segattn.models import build_model
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
@@ -231,6 +232,14 @@ def test_pooling_matrix_equals_adaptive_avg_pool() -> None:
         cols = adaptive_pooling_matrix(11, side, x)
         expected = torch.nn.functional.adaptive_avg_pool2d(x, side)
         assert (rows @ x @ cols.T - expected).abs().max() <= 1e-12
+
+
+def test_resample_grid_is_bilinear_interpolation_and_the_identity_at_its_size() -> None:
+    maps = torch.randn(2, 3, 7, 5, dtype=torch.float64)
+    assert torch.equal(resample_grid(maps, (7, 5)), maps)
+    for size in [(16, 9), (3, 2), (7, 12)]:  # up, down, mixed
+        expected = torch.nn.functional.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+        assert (resample_grid(maps, size) - expected).abs().max() <= 1e-12
 
 
 def test_segment_pooling_takes_any_agent_count() -> None:
