@@ -19,9 +19,9 @@ from segattn.training.run import run
 
 # Four images, no random flips, no dropout: one optimizer step per epoch sees all four images, two per
 # process under FSDP, four at once in one process; every pixel is labelled, so the mean loss over four
-# images is the mean of the two processes' means, which FSDP's averaged gradients follow. A constant LR
-# (poly with power 0) makes the schedule independent of the planned run length; the clip norm is small
-# enough to act on every step, so the clipping must use the norm of the whole, unsharded gradient.
+# images is the mean of the two processes' means, which FSDP's averaged gradients follow. The LR is
+# constant (no warmup, poly with power 0); the clip norm is small enough to act on every step, so the
+# clipping must use the norm of the whole, unsharded gradient.
 COMMON = [
     *TINY_DATA,
     *TINY_MODEL["vit"],
