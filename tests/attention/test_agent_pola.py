@@ -193,6 +193,9 @@ def randomised(name: str, options: dict[str, Any]) -> torch.nn.Module:
         ("pola", {"position_encoding": "learned", "position_size": 6}, (6, 6)),
         ("pola", {"position_encoding": "learned", "position_size": 6}, (7, 11)),
         ("pola", {"alpha": 2.0, "kernel_size": 3, "sr_ratio": 2}, (8, 10)),
+        # odd grids: the stride-2 conv drops the last row and column, V is upsampled back to 9×11
+        ("agent", {"agent_num": 4, "bias_size": 8, "sr_ratio": 2}, (9, 11)),
+        ("pola", {"position_encoding": "learned", "position_size": 8, "sr_ratio": 2}, (9, 11)),
     ],
 )
 def test_module_equals_explicit_quadratic_formula_with_gradients(
