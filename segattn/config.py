@@ -128,6 +128,7 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     ),
     "optimizer.lr": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "optimizer.weight_decay": ("a number >= 0", lambda v: is_number(v) and v >= 0),
+    "optimizer.eps": ("a number > 0", lambda v: is_number(v) and v > 0),
     "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
     "validation.crop_batch_size": ("an integer >= 1", int_at_least(1)),
     "validation.scales": (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,6 +30,8 @@ class FocusedLinearAttention(ReducedKeysAttention):
     name and layout), a learned encoding stored on the S/R × S/R grid (S = ``position_size``), to the keys
     before the focusing, resampled bilinearly to the key grid (the official code sizes it for 224² only).
     """
+
+    band_parallel: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -14,9 +14,12 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import ConvNormAct
+from timm.models import FeatureListNet
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from segattn.layers import from_grid, to_grid
+from segattn.parallel import recompute_contexts
 
 from .blocks import AttentionSpec, Block, MixFFN
 from .encoder import Encoder
@@ -57,12 +60,29 @@ class TimmCNNEncoder(Encoder):
             level += child in feature_modules
         self.num_layers = len(feature_modules)
 
+        self.grad_checkpointing = False
+
     def forward(self, x: Tensor) -> list[Tensor]:
-        features = self.model(x)
+        features = self.checkpointed_features(x) if self.grad_checkpointing else self.model(x)
         return [features[i] for i in self.levels]
 
+    def checkpointed_features(self, x: Tensor) -> list[Tensor]:
+        """timm's feature forward with each child but the first and the last (and in-place ones, e.g. a
+        stem ReLU) recomputed in backward, as timm's own checkpointing does, but through
+        ``recompute_contexts`` so that a band of a split image is recomputed as that band."""
+        features, children = [], list(self.model.items())
+        for i, (name, child) in enumerate(children):
+            skip = i in (0, len(children) - 1) or getattr(child, "inplace", False) is True
+            x = child(x) if skip else checkpoint(child, x, use_reentrant=False, context_fn=recompute_contexts)
+            if name in self.model.return_layers:
+                features.append(x)
+        return features
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.model.set_grad_checkpointing(enable)
+        if not isinstance(self.model, FeatureListNet):  # another feature wrapper: timm's checkpointing
+            self.model.set_grad_checkpointing(enable)
+            return
+        self.grad_checkpointing = enable
 
     def layer_id(self, name: str) -> int:
         return self._child_layer[name.split(".")[1]]

@@ -190,7 +190,7 @@ def band_batch_norm(
         return F.batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     dims = [0, *range(2, input.dim())]
     shape = [1, -1] + [1] * (input.dim() - 2)
-    x = input.float()
+    x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input  # stats at fp32 or wider
     count = split.band.global_count(x.numel() // x.shape[1])
     mean = group_sum(x.sum(dims), split.group) / count
     var = group_sum((x - mean.view(shape)).square().sum(dims), split.group) / count

@@ -69,6 +69,8 @@ class WandbValidationPanel(pl.Callback):
         info = pl_module.data_info
         for index in range(min(len(batch["image"]), self.num_images - len(self.samples))):
             image, mask, pred = batch["image"][index], batch["mask"][index], outputs["preds"][index]
+            top = outputs.get("band_start", 0)  # trainer=spatial: the rows this process predicted
+            image, mask = image[:, top : top + pred.shape[0]], mask[top : top + pred.shape[0]]
             step = max(1, math.ceil(max(image.shape[-2:]) / self.max_size))
             self.samples.append(
                 (

@@ -16,6 +16,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..checkpoints.resume import restore_rng_state, rng_state
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
+from ..parallel import band_forward
+from .spatial import band_group_of, band_loss, share_batch
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
 SchedulerFactory = Callable[[Optimizer, int], LRScheduler]
@@ -65,6 +67,9 @@ class SegmentationModule(pl.LightningModule):
         return self.model(images)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        group = band_group_of(self._trainer)
+        if group is not None:
+            return self.band_training_step(share_batch(batch, group), group)
         images, masks = batch["image"], batch["mask"]
         logits, aux_logits = self.model.forward_with_aux(images)
         loss = self.criterion(logits, masks)
@@ -78,6 +83,17 @@ class SegmentationModule(pl.LightningModule):
         self.log_dict(logs, batch_size=images.shape[0])
         return loss
 
+    def band_training_step(self, batch: dict[str, Any], group: Any) -> Tensor:
+        """``training_step`` on this process's band of each image (``trainer=spatial``): the loss to
+        backpropagate is the band's share; the logged loss is the whole image's."""
+        logits, aux_logits, band = band_forward(self.model, batch["image"], group, with_aux=True)
+        masks = batch["mask"][:, band.start : band.start + logits.shape[2]]
+        loss, image_loss = band_loss(self.criterion, logits, aux_logits, self.model.aux_weight, masks, group)
+        group_lr = self.optimizers().param_groups[0]
+        self.log("train/loss", image_loss, prog_bar=True, batch_size=logits.shape[0])
+        self.log("train/lr", group_lr["lr"] / group_lr.get("lr_scale", 1.0), batch_size=logits.shape[0])
+        return loss
+
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
         """Full-resolution prediction (whole image or sliding window); only pixel counts are kept."""
         return self.score_batch(batch, self.val_metric)
@@ -87,10 +103,20 @@ class SegmentationModule(pl.LightningModule):
         return self.score_batch(batch, self.test_metric)
 
     def score_batch(self, batch: dict[str, Any], metric: SegmentationMetric) -> dict[str, Tensor]:
-        logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
+        """Predict and count; under ``trainer=spatial`` each process predicts and counts its band of each
+        whole image, and the counts add up over all processes as data-parallel counts do."""
+        group = band_group_of(self._trainer)
+        if group is not None:
+            batch = share_batch(batch, group)
+            logits, _, band = band_forward(self.model, batch["image"], group)
+            masks = batch["mask"][:, band.start : band.start + logits.shape[2]]
+            start = band.start
+        else:
+            logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
+            masks, start = batch["mask"], 0
         preds = logits.argmax(dim=1)
-        metric.update(preds, batch["mask"])
-        return {"preds": preds}
+        metric.update(preds, masks)
+        return {"preds": preds, "band_start": start}
 
     def on_validation_epoch_end(self) -> None:
         self.val_scores = self.log_scores(self.val_metric, "val")

@@ -14,10 +14,16 @@ SCHEDULES = ("poly", "cosine")
 
 
 def build_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, betas: Sequence[float] = (0.9, 0.999)
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
 ) -> Optimizer:
     """AdamW over ``model.param_groups(lr, weight_decay)`` (the model decides decay and LR multipliers)."""
-    return AdamW(model.param_groups(lr, weight_decay), lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    return AdamW(
+        model.param_groups(lr, weight_decay), lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps
+    )
 
 
 def build_scheduler(

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..attention import AttentionBase
 from ..data import SegDataModule
 from ..data.transforms import as_hw
 from ..inference.tiling import scaled_size
 from ..models import Segmentor
+from ..parallel import check_band_variant, image_bands
+from .spatial import check_band_loss
 
 
 def attention_grid(model: Segmentor, size: Sequence[int]) -> tuple[int, int]:
@@ -64,5 +66,34 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, model: Segmentor) -> N
     cannot take. Errors name the file or config key and what was expected."""
     datamodule.setup("fit")
     sizes = {f"data.crop_size={list(as_hw(cfg.data.crop_size))}": as_hw(cfg.data.crop_size)}
-    for where, size in {**sizes, **eval_sizes(cfg, datamodule)}.items():
+    sizes.update(eval_sizes(cfg, datamodule))
+    for where, size in sizes.items():
         check_token_limit(model, size, where)
+    check_bands(cfg, model, sizes)
+
+
+def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, int]]) -> None:
+    """``trainer.strategy.name=spatial``: the model, the loss, validation and every input size must split
+    into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "spatial"):
+        return
+    check_band_variant(model)
+    check_band_loss(cfg.loss.dice, cfg.loss.lovasz, cfg.loss.ohem_thresh)
+    if cfg.model.get("compile"):
+        raise ValueError(
+            "model.compile=true with trainer=spatial: compiled graphs do not run the band exchanges"
+        )
+    validation = cfg.validation
+    if validation.mode != "whole" or list(validation.scales) != [1.0] or validation.flip:
+        raise ValueError(
+            f"validation.mode={validation.mode}, scales={list(validation.scales)}, flip={validation.flip}: "
+            "with trainer=spatial validation splits each whole image into bands; use validation.mode=whole "
+            "validation.scales=[1.0] validation.flip=false"
+        )
+    bands = strategy.get("bands", 2)
+    for where, (height, _) in sizes.items():
+        try:
+            image_bands(model, height, bands)
+        except ValueError as error:
+            raise ValueError(f"{where} with trainer.strategy.bands={bands}: {error}") from None

@@ -40,6 +40,7 @@ from .preemption import PreemptionCheckpoint
 from .preflight import preflight
 from .progress_log import ProgressLog
 from .rundir import claim_run_dir, save_run_config
+from .spatial import BandParallelStrategy
 from .summary import print_summary, summarize
 
 CALLBACKS: dict[str, type[pl.Callback]] = {
@@ -53,7 +54,11 @@ CALLBACKS: dict[str, type[pl.Callback]] = {
     "preemption": PreemptionCheckpoint,  # SIGTERM / SIGUSR1: step-exact last.ckpt, exit 128 + signal
 }
 LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
-STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FullyShardedStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {
+    "ddp": DDPStrategy,
+    "fsdp": FullyShardedStrategy,
+    "spatial": BandParallelStrategy,  # one image split into bands across a group of processes
+}
 
 
 def plain(node: Any) -> Any:
@@ -76,7 +81,7 @@ def build_from_registry(
 
 
 def build_strategy(spec: str | dict[str, Any]) -> str | Strategy:
-    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp, **kwargs}``."""
+    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp|spatial, **kwargs}``."""
     if isinstance(spec, str):
         return spec
     options = dict(spec)

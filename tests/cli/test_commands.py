@@ -112,7 +112,7 @@ def test_non_editable_install_trains_from_outside_the_repository(tmp_path):
     where = run(str(env_dir / "bin/python"), "-c", "import segattn; print(segattn.__file__)", cwd=work)
     assert str(site) in where.stdout  # the installed copy, not the checkout
     helped = run(str(env_dir / "bin/segattn-train"), "--help", cwd=work)
-    assert helped.returncode == 0 and "attention: efficient, flatten" in helped.stdout
+    assert helped.returncode == 0 and "attention: agent, efficient, flatten" in helped.stdout
     trained = run(
         str(env_dir / "bin/segattn-train"),
         "debug=fdr",

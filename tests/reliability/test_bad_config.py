@@ -23,7 +23,7 @@ SLIDE_40 = ["validation.mode=slide", "validation.crop_size=[40,40]"]
     [
         (
             [*VIT, "attention.name=nope"],
-            "unknown attention 'nope'; expected one of: efficient, flatten, linear, ",
+            "unknown attention 'nope'; expected one of: agent, efficient, flatten, ",
         ),
         ([*VIT, "model.name=nope"], "unknown model 'nope'; expected one of: efficientvit, pvt, unet, vit"),
         (
