@@ -124,6 +124,7 @@ def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) ->
         probe_timeout=values["probe_timeout"],
         dtype=values.get("dtype") or ("bf16" if device.type == "cuda" else "fp32"),
         extrapolate_gib=values.get("extrapolate_gib", 24.0),
+        bands=values.get("spatial") or [1],
     )
     run(settings, device, out_dir)
 
@@ -235,6 +236,14 @@ def add_model_options(parser: argparse.ArgumentParser, maxres: bool) -> None:
     if maxres:
         group.add_argument("--budget-gib", type=float, help="memory budget (default 80%% of free RAM / GPU)")
         group.add_argument("--checkpointing", choices=["off", "on", "both"])
+        group.add_argument(
+            "--spatial",
+            type=int,
+            nargs="+",
+            metavar="P",
+            help="band counts: each probe also trains one image split into P bands over P gloo processes "
+            "(trainer=spatial); 1 = one process. Budget and peak are per process",
+        )
         group.add_argument("--start", type=int, help="first probe size (pixels per side)")
         group.add_argument("--step", type=int, help="resolution of the search (sizes are multiples of it)")
         group.add_argument("--max-size", type=int, help="stop searching above this size")

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..cpu_memory import reuse_freed_memory
+from .bands import band_probe_child
 from .measure import Emit, PeakMemory, guard_memory, run_isolated, time_call, total_memory_budget
 from .model import TrainStep, build_kwargs
 from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
@@ -39,6 +40,7 @@ class MaxresSettings:
     probe_timeout: float = 900.0
     dtype: str = "fp32"
     extrapolate_gib: float | None = 24.0
+    bands: list[int] = field(default_factory=lambda: [1])  # P > 1: one image split over P processes
 
 
 def default_models(smoke: bool) -> list[str]:
@@ -94,9 +96,13 @@ def search(fits: Callable[[int], bool], start: int, step: int, max_size: int) ->
 
 def probe(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one probe child and classify it: fits, over budget, oom, timeout, error or killed."""
-    messages, ending = run_isolated(probe_child, task, timeout)
+    if task["bands"] > 1:  # the child starts the band processes
+        messages, ending = run_isolated(band_probe_child, task, timeout, daemon=False)
+    else:
+        messages, ending = run_isolated(probe_child, task, timeout)
     result = messages[-1] if messages else {"status": ending}
-    row = {"size": task["size"], "checkpointing": task["checkpointing"], "status": result["status"]}
+    row = {"size": task["size"], "checkpointing": task["checkpointing"], "bands": task["bands"]}
+    row |= {"status": result["status"], "traffic_bytes": result.get("traffic")}
     row |= {
         "peak_bytes": result.get("peak_bytes"),
         "seconds": result.get("seconds"),
@@ -126,26 +132,39 @@ def find_maxres(
     model: Spec,
     variant: Spec,
     checkpointing: bool,
+    bands: int,
     settings: MaxresSettings,
     budget: int,
     device: torch.device,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Bisect one (model, variant, checkpointing); return its result row and the probe history."""
+    """Bisect one (model, variant, checkpointing, bands); return its result row and the probe history.
+    The budget is per process; with ``bands`` processes on this machine each is guarded at its share of
+    what is free."""
+    if bands > 1 and device.type != "cpu":
+        raise ValueError("bench maxres --spatial runs its band processes on the CPU (gloo); use --device cpu")
     task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
-    task["guard"] = min(budget, total_memory_budget(device, fraction=0.9))  # never beyond what is free
-    task |= {"dtype": settings.dtype, "checkpointing": checkpointing}
+    task["guard"] = min(
+        budget, total_memory_budget(device, fraction=0.9) // bands
+    )  # never beyond what is free
+    task |= {"dtype": settings.dtype, "checkpointing": checkpointing, "bands": bands}
+    task |= {"threads": torch.get_num_threads(), "steps": PROBE_STEPS}
     history: list[dict[str, Any]] = []
 
     def fits(size: int) -> bool:
         history.append(probe({**task, "size": size}, settings.probe_timeout))
         peak = format_bytes(history[-1]["peak_bytes"]) if history[-1]["peak_bytes"] else "-"
         name = f"{model.label} {variant.label}{' ckpt' if checkpointing else ''}"
+        name += f" ×{bands} bands" if bands > 1 else ""
         progress(f"maxres {name}: {size}² {history[-1]['status']}, peak {peak}")
         return history[-1]["fits"]
 
     best = search(fits, settings.start, settings.step, settings.max_size)
     failures = sorted((r for r in history if not r["fits"]), key=lambda r: r["size"])
-    row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing, "maxres": best}
+    row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing, "bands": bands}
+    row["maxres"] = best
+    fitting = [r for r in history if r["fits"]]
+    largest = max(fitting, key=lambda r: r["size"]) if fitting else None
+    row["traffic_bytes_per_step"] = largest["traffic_bytes"] if largest else None
     row |= {"limited_by": failures[0]["status"] if failures else "max size", "budget_bytes": budget}
     row["probes"] = len(history)
     if settings.extrapolate_gib:
@@ -166,9 +185,10 @@ def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[d
     for model in settings.models:
         for variant in settings.variants:
             for checkpointing in settings.checkpointing:
-                row, history = find_maxres(model, variant, checkpointing, settings, budget, device)
-                rows.append(row)
-                probes += history
+                for bands in settings.bands:
+                    row, history = find_maxres(model, variant, checkpointing, bands, settings, budget, device)
+                    rows.append(row)
+                    probes += history
     report(rows, probes, settings, budget, out_dir)
     return rows
 
@@ -185,15 +205,15 @@ def report(
     extra = f"extrapolated_{settings.extrapolate_gib:g}gib" if settings.extrapolate_gib else None
     columns = [f"{m.label}{', ckpt' if c else ''}" for m in settings.models for c in settings.checkpointing]
     table = []
-    for variant in settings.variants:
-        line = [variant.label]
+    for variant, bands in ((v, b) for v in settings.variants for b in settings.bands):
+        line = [variant.label + (f", {bands} bands" if bands > 1 else "")]
         for model in settings.models:
             for checkpointing in settings.checkpointing:
                 row = next(
                     r
                     for r in rows
-                    if (r["model"], r["variant"], r["checkpointing"])
-                    == (model.label, variant.label, checkpointing)
+                    if (r["model"], r["variant"], r["checkpointing"], r["bands"])
+                    == (model.label, variant.label, checkpointing, bands)
                 )
                 text = f"{row['maxres']}² ({row['limited_by']}, {row['probes']} probes)"
                 if extra and row[extra] is not None:
@@ -203,7 +223,8 @@ def report(
     caption = (
         f"largest square image training at batch 1 ({settings.dtype}) within {format_bytes(budget)}, "
         f"bisection on multiples of {settings.step} up to {settings.max_size}; '≈' lines extrapolate the "
-        "probes' peaks linearly in pixels. Probe history: maxres_probes.csv"
+        "probes' peaks linearly in pixels; with bands, peaks are the largest process's and the budget is per "
+        "process. Probe history: maxres_probes.csv"
     )
     print_table("maxres", ["variant", *columns], table, caption)
     panels = []
@@ -212,6 +233,7 @@ def report(
         for r in probes:
             if r["model"] == model.label and r["peak_bytes"]:
                 label = f"{r['variant']}{', ckpt' if r['checkpointing'] else ''}"
+                label += f", {r['bands']} bands" if r["bands"] > 1 else ""
                 panel.add(label, r["size"], r["peak_bytes"])
                 if r["checkpointing"]:
                     panel.dashed.add(label)

@@ -168,17 +168,17 @@ def _forkserver() -> Any:
 
 
 def run_isolated(
-    fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], timeout: float
+    fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], timeout: float, daemon: bool = True
 ) -> tuple[list[dict[str, Any]], str]:
     """Run ``fn(task, emit)`` in a fresh child with this process's thread count; return what it emitted
-    and how it ended.
+    and how it ended. A child that starts processes of its own must not be a ``daemon``.
 
     The ending is ``ok``, ``timeout`` (killed after ``timeout`` seconds) or ``killed (exit N)`` when
     the child died without reporting (e.g. the OOM killer). ``fn`` must be a module-level function.
     """
     context = _forkserver()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(fn, task, torch.get_num_threads(), sender), daemon=True)
+    process = context.Process(target=_child, args=(fn, task, torch.get_num_threads(), sender), daemon=daemon)
     process.start()
     sender.close()
     messages: list[dict[str, Any]] = []

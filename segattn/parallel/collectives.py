@@ -13,6 +13,14 @@ from torch import Tensor
 
 from .bands import BandGroup
 
+# Bytes this process has sent through the band group's collectives since the count was last cleared, by
+# kind: what ``bench maxres --spatial`` reports as communication per step.
+TRAFFIC: dict[str, int] = {"all_reduce": 0, "halo": 0}
+
+
+def _count(kind: str, *tensors: Tensor) -> None:
+    TRAFFIC[kind] += sum(t.numel() * t.element_size() for t in tensors)
+
 
 class GroupSum(torch.autograd.Function):
     """All-reduce (sum) whose backward is the all-reduce (sum) of the output's gradient: the sum feeds
@@ -22,6 +30,7 @@ class GroupSum(torch.autograd.Function):
     def forward(ctx, x: Tensor, group: BandGroup) -> Tensor:
         ctx.group = group
         out = x.clone(memory_format=torch.contiguous_format)
+        _count("all_reduce", out)
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group.group)
         return out
 
@@ -43,6 +52,7 @@ def group_max(x: Tensor, group: BandGroup) -> Tensor:
 
 
 def _swap(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], group: BandGroup) -> None:
+    _count("halo", *(tensor for tensor, _ in sends))
     ops = [dist.P2POp(dist.isend, tensor, peer, group.group) for tensor, peer in sends]
     ops += [dist.P2POp(dist.irecv, tensor, peer, group.group) for tensor, peer in recvs]
     if ops:

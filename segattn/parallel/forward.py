@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .bands import Band, BandGroup, Split, active_split, split_rows, splitting
@@ -16,8 +17,6 @@ class BandSegmentor(Protocol):
     """What ``band_forward`` needs of ``segattn.models.Segmentor``."""
 
     stride: int
-
-    def pad_to_stride(self, images: Tensor) -> Tensor: ...
 
     def padded_logits(self, padded: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]: ...
 
@@ -79,7 +78,11 @@ def band_forward(
     """
     height, width = images.shape[-2:]
     band = image_bands(model, height, group.size)[group.index]
-    padded = model.pad_to_stride(images)[:, :, band.start : band.stop]
+    # this band of the stride-padded image, without padding the whole image first
+    stride = model.stride
+    padded_width = (width + stride - 1) // stride * stride
+    rows = images[:, :, band.start : min(band.stop, height)]
+    padded = F.pad(rows, (0, padded_width - width, 0, band.rows - rows.shape[2]))
     with on_band(group, band):
         logits, aux = model.padded_logits(padded, with_aux)
     keep = max(0, min(band.stop, height) - band.start)  # rows of the band inside the unpadded image

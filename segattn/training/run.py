@@ -81,7 +81,7 @@ def build_from_registry(
 
 
 def build_strategy(spec: str | dict[str, Any]) -> str | Strategy:
-    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp|spatial, **kwargs}``."""
+    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp|spatial, ...}``."""
     if isinstance(spec, str):
         return spec
     options = dict(spec)

@@ -37,7 +37,17 @@ def test_every_group_is_found():
     }
     assert expected | {"trainer"} <= groups
     trainers = {option for group, option in GROUP_OPTIONS if group == "trainer"}
-    assert trainers == {"default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "fsdp_cpu", "spatial", "spatial_cpu"}
+    assert trainers == {
+        "default",
+        "cpu",
+        "gpu",
+        "ddp",
+        "ddp_cpu",
+        "fsdp",
+        "fsdp_cpu",
+        "spatial",
+        "spatial_cpu",
+    }
     assert {option for group, option in GROUP_OPTIONS if group == "logger"} == {
         "wandb",
         "csv",
