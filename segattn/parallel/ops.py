@@ -47,7 +47,7 @@ def with_halos(x: Tensor, top: int, bottom: int, group: BandGroup, edge: str | f
     return torch.cat([above, x, below], dim=2)
 
 
-def _window_halos(
+def window_halos(
     kernel: int, stride: int, padding: int, dilation: int, rows: int, op: str
 ) -> tuple[int, int]:
     """Rows a sliding window (kernel, stride, padding, dilation along H) needs above and below a band of
@@ -84,9 +84,22 @@ def band_conv2d(
             raise ValueError(f"conv2d padding={padding!r} with stride {stride} has no band form")
     else:
         pad_h, pad_w = _pair(padding)
-    top, bottom = _window_halos(kernel_h, stride_h, pad_h, dil_h, input.shape[2], "conv2d")
+    top, bottom = window_halos(kernel_h, stride_h, pad_h, dil_h, input.shape[2], "conv2d")
     x = with_halos(input, top, bottom, split.group, 0.0)
     return F.conv2d(x, weight, bias, (stride_h, stride_w), (0, pad_w), (dil_h, dil_w), groups)
+
+
+def pooling_band(
+    split: Split, input: Tensor, op: str, kernel_size: Any, stride: Any, padding: Any, dilation: Any
+) -> tuple[Tensor, tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """The band with the rows a pooling window needs attached (−inf at the image's edges for max pooling,
+    zeros for average pooling, as their implicit padding), and the window's kernel, strides and padding
+    with the row padding taken out."""
+    kernel, (pad_h, pad_w) = _pair(kernel_size), _pair(padding)
+    strides = _pair(kernel_size if stride is None or stride == [] else stride)
+    top, bottom = window_halos(kernel[0], strides[0], pad_h, _pair(dilation)[0], input.shape[2], op)
+    fill = float("-inf") if op == "max_pool2d" else 0.0
+    return with_halos(input, top, bottom, split.group, fill), kernel, strides, (0, pad_w)
 
 
 def band_max_pool2d(
@@ -102,11 +115,10 @@ def band_max_pool2d(
     """max_pool2d with its implicit −inf padding along the rows replaced by halo rows."""
     if ceil_mode or return_indices:
         raise ValueError("max_pool2d with ceil_mode or return_indices has no band form")
-    (kernel_h, kernel_w), (pad_h, pad_w), (dil_h, dil_w) = _pair(kernel_size), _pair(padding), _pair(dilation)
-    stride_h, stride_w = _pair(kernel_size if stride is None or stride == [] else stride)
-    top, bottom = _window_halos(kernel_h, stride_h, pad_h, dil_h, input.shape[2], "max_pool2d")
-    x = with_halos(input, top, bottom, split.group, float("-inf"))
-    return F.max_pool2d(x, (kernel_h, kernel_w), (stride_h, stride_w), (0, pad_w), (dil_h, dil_w))
+    x, kernel, strides, pads = pooling_band(
+        split, input, "max_pool2d", kernel_size, stride, padding, dilation
+    )
+    return F.max_pool2d(x, kernel, strides, pads, dilation)
 
 
 def band_avg_pool2d(
@@ -121,23 +133,12 @@ def band_avg_pool2d(
 ) -> Tensor:
     """avg_pool2d with its zero padding along the rows replaced by halo rows; ceil_mode changes nothing
     on bands whose height is a multiple of the stride."""
-    (kernel_h, kernel_w), (pad_h, pad_w) = _pair(kernel_size), _pair(padding)
-    stride_h, stride_w = _pair(kernel_size if stride is None or stride == [] else stride)
-    if pad_h and not count_include_pad:
+    if _pair(padding)[0] and not count_include_pad:
         raise ValueError(
             "avg_pool2d with count_include_pad=False and padding along the rows has no band form"
         )
-    top, bottom = _window_halos(kernel_h, stride_h, pad_h, 1, input.shape[2], "avg_pool2d")
-    x = with_halos(input, top, bottom, split.group, 0.0)
-    return F.avg_pool2d(
-        x,
-        (kernel_h, kernel_w),
-        (stride_h, stride_w),
-        (0, pad_w),
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-    )
+    x, kernel, strides, pads = pooling_band(split, input, "avg_pool2d", kernel_size, stride, padding, 1)
+    return F.avg_pool2d(x, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override)
 
 
 def band_interpolate(
