@@ -273,7 +273,7 @@ def measure_costs(
         budget = min(budget, total_memory_budget(device, fraction=0.9))
         for variant in settings.variants:
             if variant.label not in stored["maxres"]:
-                row, _ = find_maxres(recipe.model, variant, False, maxres, budget, device)
+                row, _ = find_maxres(recipe.model, variant, False, 1, maxres, budget, device)
                 stored["maxres"][variant.label] = {
                     "maxres": row["maxres"],
                     "maxres_limited_by": row["limited_by"],
