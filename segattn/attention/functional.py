@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layers import use_fused
-from ..parallel import token_count, token_softmax, token_sum
+from ..parallel import token_count, token_softmax, token_sum, tokens_split
 from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
 from .fused_kernel import kernel_attention_fused
 
@@ -74,12 +74,12 @@ def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "s
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
-    if not use_fused():
+    if not use_fused() or (normalization == "softmax" and tokens_split()):  # key softmax over all tokens
         return _efficient_attention(q, k, v, normalization)
     if normalization == "softmax":
         phi_q, phi_k = Softmax(-1), Softmax(-2)
     else:
-        phi_q = phi_k = Scale(k.shape[-2] ** -0.5)
+        phi_q = phi_k = Scale(token_count(k.shape[-2]) ** -0.5)
     return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
 
 
@@ -167,7 +167,7 @@ def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6)
         return _focused_linear_attention(q, k, v, eps)
     identity = Scale(1.0)
     return kernel_attention_fused(
-        q, k, v, phi_q=identity, phi_k=identity, context_scale=1.0 / k.shape[-2], eps=eps
+        q, k, v, phi_q=identity, phi_k=identity, context_scale=1.0 / token_count(k.shape[-2]), eps=eps
     )
 
 

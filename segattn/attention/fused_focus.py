@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..parallel import token_count, token_reducer
 from .fused_buffers import compute_dtype, empty_in_order, zero_scalar
 from .fused_kernel import apply_context, context, kernel_backward
 
@@ -78,10 +79,11 @@ class FocusedAttention(torch.autograd.Function):
             a = focus_forward(q, inv_scale, power, heads, dtype)
             keys = focus_forward(k, inv_scale, power, heads, dtype)
             values = heads_view(v, heads).to(dtype)
-            kv = context(keys, values, 1.0 / k.shape[1], normalized=True)
+            reduce, factor = token_reducer(), 1.0 / token_count(k.shape[1])  # the whole image's sums
+            kv = reduce(context(keys, values, factor, normalized=True))
             out = empty_in_order(v, v.dtype)
             inv = apply_context(a, kv, None, eps, heads_view(out, heads), addend=local)
-        ctx.power, ctx.heads = power, heads
+        ctx.power, ctx.heads, ctx.factor, ctx.reduce = power, heads, factor, reduce
         ctx.save_for_backward(q, k, v, scale, kv, inv)
         return out
 
@@ -97,7 +99,7 @@ class FocusedAttention(torch.autograd.Function):
             keys = focus_forward(k, inv_scale, power, heads, dtype)
             values = heads_view(v, heads).to(dtype)
             grad_a, grad_keys, grad_v = kernel_backward(
-                grad_heads, a, keys, values, kv, inv, 1.0 / k.shape[1], None
+                grad_heads, a, keys, values, kv, inv, ctx.factor, None, ctx.reduce
             )
             grad_q, grad_k = empty_in_order(q, q.dtype), empty_in_order(k, k.dtype)
             grad_inv = focus_backward(q, inv_scale, power, a, grad_a, grad_q)

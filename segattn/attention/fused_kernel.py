@@ -20,10 +20,13 @@ FLatten's Function (``fused_focus``) reuses ``context``, ``apply_context`` and `
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..parallel import token_count, token_reducer
 from .fused_buffers import compute_dtype, empty_in_order, heads_batch, zero_scalar
 from .fused_feature_maps import FeatureMap
 
@@ -71,8 +74,12 @@ def kernel_backward(
     inv: Tensor | None,
     factor: float,
     bias: Tensor | None,
+    reduce: Callable[[Tensor], Tensor] = lambda x: x,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of A, K and v (compute dtype, [B, h, N, ·]) from the output gradient g.
+
+    ``reduce`` sums the gradients of the token summaries ([∂S | ∂z], Taylor's ∂Σv) over the bands of a
+    split image (``parallel.token_reducer``) before they reach this band's keys and values.
 
     With ĝ = g/den, P = ĝ Sᵀ and r = Σ_c ĝ_c out_c = (Σ_j A_j P_j + ĝ·β)/den: ∂A = P − r zᵀ,
     [∂S | ∂z] = Aᵀ[ĝ | −r], ∂K = c(v ∂Sᵀ + 1 ∂zᵀ), ∂v = c K ∂S (+ 1 Σ_n ĝ_n for Taylor's Σv term).
@@ -82,7 +89,7 @@ def kernel_backward(
     if inv is None:  # out = A S
         flat = heads_batch(grad.to(dtype))
         grad_q = torch.bmm(flat, heads_batch(ctx).mT).view(phi_q.shape)
-        grad_kv = torch.bmm(heads_batch(phi_q).mT, flat)
+        grad_kv = reduce(torch.bmm(heads_batch(phi_q).mT, flat))
         grad_k = torch.bmm(heads_batch(v), grad_kv.mT).view(keys.shape)
         grad_v = torch.bmm(heads_batch(keys), grad_kv).view(v.shape)
         if factor != 1:
@@ -103,11 +110,11 @@ def kernel_backward(
     r = r.view(inv.shape[:-1]).mul_(inv.squeeze(-1))
     torch.neg(r, out=scaled[..., dv])
     grad_q = grad_q.addcmul_(flat[..., dv:], heads_batch(ctx[..., dv:]).mT)  # P − r zᵀ (flat holds −r)
-    grad_ctx = torch.bmm(heads_batch(phi_q).mT, flat)  # [∂S | ∂z], [B·h, d, dv + 1]
+    grad_ctx = reduce(torch.bmm(heads_batch(phi_q).mT, flat))  # [∂S | ∂z], [B·h, d, dv + 1]
     grad_kv = grad_ctx[..., :dv]
     grad_k = torch.baddbmm(grad_ctx[..., dv:].mT, heads_batch(v), grad_kv.mT, beta=factor, alpha=factor)
     v_bias = (
-        flat[..., :dv].sum(dim=-2, keepdim=True)
+        reduce(flat[..., :dv].sum(dim=-2, keepdim=True))
         if bias is not None
         else zero_scalar(keys, dtype).expand(1, 1, 1)
     )
@@ -115,15 +122,18 @@ def kernel_backward(
     return grad_q.view(phi_q.shape), grad_k.view(keys.shape), grad_v.view(v.shape)
 
 
-def taylor_bias(values: Tensor, tokens: int) -> Tensor:
-    """β = [Σ_n v_n | N]: Taylor's constant 1 in sim(q, k) = 1 + q̂ᵀk̂, as a [B, h, 1, dv + 1] row."""
+def taylor_bias(values: Tensor, tokens: int, reduce: Callable[[Tensor], Tensor]) -> Tensor:
+    """β = [Σ_n v_n | N]: Taylor's constant 1 in sim(q, k) = 1 + q̂ᵀk̂, as a [B, h, 1, dv + 1] row; Σ_n
+    over the whole image (``reduce``), N its token count."""
     return torch.cat(
-        [values.sum(dim=-2, keepdim=True), values.new_full((*values.shape[:2], 1, 1), tokens)], -1
+        [reduce(values.sum(dim=-2, keepdim=True)), values.new_full((*values.shape[:2], 1, 1), tokens)], -1
     )
 
 
 class KernelAttention(torch.autograd.Function):
     """O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1]; β = (Σv, N) for Taylor.
+    On a band of a split image the sums over tokens ([S | z], Σv) and their gradients are summed over the
+    bands (``parallel.token_reducer``); φk must then be per token.
     Called through ``kernel_attention_fused``."""
 
     @staticmethod
@@ -132,8 +142,9 @@ class KernelAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             a, keys = phi_q.forward(q, dtype), phi_k.forward(k, dtype)
             values = v.to(dtype)
-            kv = context(keys, values, factor, normalized)
-            bias = taylor_bias(values, k.shape[-2]) if taylor else None
+            reduce = token_reducer()
+            kv = reduce(context(keys, values, factor, normalized))
+            bias = taylor_bias(values, token_count(k.shape[-2]), reduce) if taylor else None
             # one output row per query; keys/values may be fewer (PVT's spatial reduction)
             out = (
                 empty_in_order(v, v.dtype)
@@ -141,7 +152,7 @@ class KernelAttention(torch.autograd.Function):
                 else v.new_empty(a.shape[:-1] + v.shape[-1:])
             )
             inv = apply_context(a, kv, bias, eps, out)
-        ctx.maps, ctx.factor = (phi_q, phi_k), factor
+        ctx.maps, ctx.factor, ctx.reduce = (phi_q, phi_k), factor, reduce
         ctx.save_for_backward(
             q, k, v, kv, inv, bias, a if phi_q.saved else None, keys if phi_k.saved else None
         )
@@ -156,7 +167,7 @@ class KernelAttention(torch.autograd.Function):
             a = phi_q.forward(q, kv.dtype) if a is None else a
             keys = phi_k.forward(k, kv.dtype) if keys is None else keys
             grad_a, grad_keys, grad_v = kernel_backward(
-                grad, a, keys, v.to(kv.dtype), kv, inv, ctx.factor, bias
+                grad, a, keys, v.to(kv.dtype), kv, inv, ctx.factor, bias, ctx.reduce
             )
             grad_q, grad_k = empty_in_order(q, q.dtype), empty_in_order(k, k.dtype)
             phi_q.backward(q, a, grad_a, grad_q)

@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from segattn.parallel.bands import tokens_split
+
 from .fused_switch import use_fused
 
 
@@ -29,7 +31,7 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
     if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
         raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
-    if use_fused() and images.device.type == "cpu" and kernel > 3:
+    if use_fused() and images.device.type == "cpu" and kernel > 3 and not tokens_split():  # halos: F.conv2d
         return depthwise_conv_fused(images, weight=weight, bias=conv.bias)
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups

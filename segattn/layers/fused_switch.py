@@ -13,15 +13,14 @@ import os
 
 import torch
 
-from segattn.parallel.bands import tokens_split
-
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": fused Functions (default)
 
 
 def use_fused() -> bool:
     """Whether to take the fused Functions: False while tracing, scripting, exporting or compiling (those
-    see the plain ops), while an image is split into bands (``segattn.parallel``: the plain formulas
-    expose the token sums the bands combine) and with SEGATTN_FUSED=0; True otherwise.
+    see the plain ops) and with SEGATTN_FUSED=0; True otherwise. On a band of a split image
+    (``segattn.parallel``) the fused kernels sum their token summaries over the bands; the Functions that
+    cannot (depthwise conv, key softmax, Performer's key stabiliser) check ``tokens_split`` themselves.
 
     The variable is read on every call, not at import, so a test or a benchmark can flip it within one
     process; the lookup costs about a microsecond per attention call. Values other than "", "0" and "1"
@@ -32,7 +31,6 @@ def use_fused() -> bool:
         or torch.jit.is_scripting()
         or torch.onnx.is_in_onnx_export()
         or torch.compiler.is_compiling()
-        or tokens_split()
     ):
         return False  # checked first: compiled code never reads the environment
     value = os.environ.get(FUSED_ENV, "")

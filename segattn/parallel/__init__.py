@@ -11,7 +11,7 @@ BatchNorm its statistics (``ops``), position embeddings are resampled for the wh
 from .bands import Band, BandGroup, active_split, split_rows, tokens_split
 from .forward import band_forward, check_band_variant, image_bands, on_band, recompute_contexts
 from .ops import band_of_embedding
-from .tokens import token_count, token_max, token_softmax, token_sum
+from .tokens import token_count, token_max, token_reducer, token_softmax, token_sum
 
 __all__ = [
     "Band",
@@ -26,6 +26,7 @@ __all__ = [
     "split_rows",
     "token_count",
     "token_max",
+    "token_reducer",
     "token_softmax",
     "token_sum",
     "tokens_split",

@@ -44,6 +44,13 @@ def group_sum(x: Tensor, group: BandGroup) -> Tensor:
     return GroupSum.apply(x, group)
 
 
+def group_sum_(x: Tensor, group: BandGroup) -> Tensor:
+    """``x`` summed over the band group in place, outside autograd (for fused Functions' own passes)."""
+    _count("all_reduce", x)
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group.group)
+    return x
+
+
 def group_max(x: Tensor, group: BandGroup) -> Tensor:
     """Elementwise max over the band group, without gradient (used only as a constant shift)."""
     out = x.detach().clone(memory_format=torch.contiguous_format)

@@ -7,10 +7,22 @@ layer is all linear attention needs, because its outputs depend on the other tok
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from .bands import active_split
-from .collectives import group_max, group_sum
+from .collectives import group_max, group_sum, group_sum_
+
+
+def token_reducer() -> Callable[[Tensor], Tensor]:
+    """For fused autograd Functions, captured in their forward: a function that sums a tensor of sums over
+    this band's tokens over the whole image, in place and outside autograd (identity outside a split).
+    Their backward, which runs after the split has ended, sums the summaries' gradients with it too."""
+    split = active_split()
+    if split is None:
+        return lambda x: x
+    return lambda x: group_sum_(x, split.group)
 
 
 def token_sum(x: Tensor) -> Tensor:
