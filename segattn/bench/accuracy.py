@@ -59,12 +59,14 @@ class AccuracySettings:
 
 def default_variants(smoke: bool) -> list[str]:
     """PVT's softmax without and with its own spatial reduction (``sra``: 8/4/2/1), then the linear ones;
-    Linformer at the 128² training crop (1,024 stage-1 tokens), which also bounds its evaluation."""
+    Linformer at the 128² training crop (1,024 stage-1 tokens), which also bounds its evaluation; then
+    the 2023-25 ones (Agent Attention, PolaFormer, EfficientViT's LiteMLA) at full resolution."""
     if smoke:
         return ["sra", "linear"]
     return [
         *["softmax:sr_ratios=[1,1,1,1]", "sra", "efficient", "linear", "taylor", "flatten"],
         *["performer", "nystrom", "linformer:max_tokens=1024"],
+        *["agent", "pola", "litemla"],
     ]
 
 
