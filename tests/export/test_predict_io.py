@@ -58,5 +58,3 @@ def test_find_images_accepts_file_dir_and_glob(tmp_path):
     assert [p.name for p in find_images(str(tmp_path / "a.jpg"))] == ["a.jpg"]
     with pytest.raises(FileNotFoundError, match="matches no image"):
         find_images(str(tmp_path / "*.tif"))
-
-
