@@ -159,6 +159,11 @@ class EfficientViT(Encoder):
         self.stage_sizes = [len(stage.blocks) for stage in self.stages]
         self.num_layers = sum(self.stage_sizes) + 1
 
+    @property
+    def attention_stride(self) -> int:
+        """Attention runs in the last two stages only (stride 16 and 32); the first two are MBConv."""
+        return self.out_strides[2]
+
     def forward(self, x: Tensor) -> list[Tensor]:
         x = self.stem(x)
         features = []

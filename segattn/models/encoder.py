@@ -20,6 +20,12 @@ class Encoder(nn.Module):
     stride: int
     num_layers: int
 
+    @property
+    def attention_stride(self) -> int:
+        """The finest stride at which a zoo attention layer sees this encoder's features: the first level
+        by default (ViT, PVT, and UNet whose decoder attends at every level); ``max_tokens`` checks use it."""
+        return min(self.out_strides)
+
     def forward(self, x: Tensor) -> list[Tensor]:
         raise NotImplementedError
 

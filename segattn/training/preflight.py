@@ -22,8 +22,8 @@ from .spatial import check_band_loss
 
 def attention_grid(model: Segmentor, size: Sequence[int]) -> tuple[int, int]:
     """The largest token grid any attention layer of ``model`` sees for an input of ``size`` (H, W): the
-    Segmentor pads to a multiple of its stride; the finest encoder level sets the grid."""
-    stride, finest = model.stride, min(model.encoder.out_strides)
+    Segmentor pads to a multiple of its stride; the finest level with attention sets the grid."""
+    stride, finest = model.stride, model.encoder.attention_stride
     height, width = (-(-int(side) // stride) * stride // finest for side in size)
     return height, width
 
@@ -41,7 +41,7 @@ def check_token_limit(model: Segmentor, size: Sequence[int], where: str) -> None
     if height * width > min(limits):
         raise ValueError(
             f"{where}: at {size[0]}×{size[1]} px the first attention stage sees a {height}×{width} grid = "
-            f"{height * width} tokens (stride {min(model.encoder.out_strides)}), more than "
+            f"{height * width} tokens (stride {model.encoder.attention_stride}), more than "
             f"attention.options.max_tokens={min(limits)}; set attention.options.max_tokens={height * width} "
             "or use smaller crops"
         )

@@ -85,6 +85,7 @@ def test_linformer_at_exactly_its_limit_trains(tmp_path):
         ("vit", {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8, "head_channels": 8}),
         ("pvt", {"embed_dims": [8, 8, 16, 16], "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1]}),
         ("unet", {"encoder": "test_resnet", "head_channels": 16}),
+        ("efficientvit", {"size": "b0"}),  # attention in the stride-16 and -32 stages only
     ],
 )
 def test_attention_grid_is_the_largest_grid_the_model_attends_over(family, options):
