@@ -26,7 +26,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.usefixtures("exact_fp32"),
 ]
-LINEAR = ["efficient", "linear", "taylor", "flatten"]
+LINEAR = ["efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+FP32 = {"rtol": 1e-4, "atol": 1e-5}  # against float64: summation order only
+# LiteMLA divides by Σ ReLU(q)·ReLU(k) + 1e-5, which is near its eps wherever a query's ReLU is almost all
+# zero: fp32 on the CPU is 3.1e-5 from float64 there at these widths, so the GPU is held to CPU fp32's bound
+TOLERANCE = {"litemla": {"rtol": 1e-4, "atol": 1e-4}}
 
 
 def step(model: torch.nn.Module, images: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor]:
@@ -61,7 +65,8 @@ def test_cuda_step_equals_cpu_step(family: str, attention: str) -> None:
     actual = step(copy.deepcopy(model).cuda(), images.cuda(), target.cuda())
     names = ["logits", "loss", *(n for n, p in model.named_parameters() if p.requires_grad)]
     for name, a, e in zip(names, actual, expected, strict=True):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5, msg=lambda text, name=name: f"{name}: {text}")
+        tolerance = TOLERANCE.get(attention, FP32)
+        torch.testing.assert_close(a, e, **tolerance, msg=lambda text, name=name: f"{name}: {text}")
 
 
 @pytest.mark.parametrize("attention", ["flatten", "softmax"])

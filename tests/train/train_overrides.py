@@ -47,6 +47,13 @@ TINY_MODEL = {
         "model.head_channels=16",
     ],
     "unet": ["model=unet", "model.encoder=test_resnet", "model.head_channels=16"],
+    "efficientvit": [
+        "model=efficientvit",
+        "model.widths=[8,8,16,32,32]",
+        "model.depths=[1,1,1,1,1]",
+        "model.head_dim=8",
+        "model.head_channels=8",
+    ],
 }
 # CPU, no progress bar or model table: quiet, quick runs.
 QUIET = [
