@@ -33,15 +33,16 @@ def min_band_rows(model: nn.Module) -> int:
 
 
 def check_band_variant(model: nn.Module) -> None:
-    """Refuse, naming it, an attention module whose math needs all tokens at once (``band_parallel``
-    False: softmax, sra, nystrom, linformer, ...)."""
+    """Refuse, naming it, an attention module without a band form (``band_parallel`` False): softmax, sra,
+    nystrom and linformer need all tokens at once; agent, pola and litemla are not split yet."""
     refused = sorted(
         {type(m).__name__ for m in model.modules() if getattr(type(m), "band_parallel", True) is False}
     )
     if refused:
         raise ValueError(
-            f"attention {', '.join(refused)} needs all tokens of the image at once and cannot be split into "
-            "bands; use attention=efficient, linear, taylor, flatten or performer with trainer=spatial"
+            f"attention {', '.join(refused)} cannot be split into bands (it needs all tokens of the image at "
+            "once, or has no band form yet); use attention=efficient, linear, taylor, flatten or performer "
+            "with trainer=spatial"
         )
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from torch import nn
 
-from segattn.parallel import Band, split_rows
+from segattn.attention import attention_class, available_attention, build_attention
+from segattn.parallel import Band, check_band_variant, split_rows
 from segattn.parallel.ops import window_halos
 
 
@@ -39,3 +41,20 @@ def test_halos_are_the_rows_a_window_reads_beyond_the_band(kernel, stride, paddi
 def test_a_window_whose_outputs_do_not_tile_the_bands_is_refused():
     with pytest.raises(ValueError, match="kernel 5, stride 1, padding 1"):
         window_halos(5, 1, 1, 1, 64, "conv2d")  # 'valid'-like: H - 2 outputs
+
+
+BAND_PARALLEL = {"efficient", "linear", "taylor", "flatten", "performer"}  # README, spatial parallelism
+
+
+def test_the_variants_with_a_band_form_are_the_documented_ones():
+    assert {name for name in available_attention() if attention_class(name).band_parallel} == BAND_PARALLEL
+
+
+@pytest.mark.parametrize("name", sorted(set(available_attention()) - BAND_PARALLEL))
+def test_a_variant_without_a_band_form_is_refused_by_name(name):
+    model = nn.Sequential(build_attention(name, 16, 2))
+    with pytest.raises(ValueError) as error:
+        check_band_variant(model)
+    message = str(error.value)
+    assert f"attention {attention_class(name).__name__} cannot be split into bands" in message
+    assert "use attention=efficient, linear, taylor, flatten or performer" in message
