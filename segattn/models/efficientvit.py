@@ -36,6 +36,7 @@ EFFICIENTVIT_SIZES: dict[str, dict[str, Any]] = {  # timm's efficientvit_b0..b3 
     "b3": {"widths": (32, 64, 128, 256, 512), "depths": (1, 4, 6, 6, 9), "head_dim": 32},
 }
 NORM, ACT = nn.BatchNorm2d, nn.Hardswish  # timm's EfficientVit defaults
+FIRST_ATTENTION_STAGE = 2  # stages 0-1 are MBConv only; stages 2-3 (stride 16, 32) hold the attention
 
 
 class EfficientViTBlock(nn.Module):
@@ -148,7 +149,7 @@ class EfficientViT(Encoder):
                 depths[i + 1],
                 expand_ratio,
                 head_dim,
-                attn_layer if i >= 2 else None,
+                attn_layer if i >= FIRST_ATTENTION_STAGE else None,
             )
             for i in range(4)
         )
@@ -161,8 +162,8 @@ class EfficientViT(Encoder):
 
     @property
     def attention_stride(self) -> int:
-        """Attention runs in the last two stages only (stride 16 and 32); the first two are MBConv."""
-        return self.out_strides[2]
+        """The stride of the first stage with attention."""
+        return self.out_strides[FIRST_ATTENTION_STAGE]
 
     def forward(self, x: Tensor) -> list[Tensor]:
         x = self.stem(x)

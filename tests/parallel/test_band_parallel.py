@@ -14,14 +14,13 @@ the algorithm; fp32 training through Lightning is checked in ``test_train_spatia
 from __future__ import annotations
 
 import pytest
-from band_workers import MODELS, run_world
+from band_workers import BAND_VARIANTS, MODELS, run_world
 
 pytestmark = pytest.mark.slow
 
 TOLERANCE = 2e-9  # float64; measured: at most 4.3e-10 (vit + performer, whose exp features amplify the
 # summation order of the band sums), below 1e-13 for every other case
 LOSS_TOLERANCE = 1e-6  # the losses are fp32 by design (SegLoss upcasts half logits and casts float64 down)
-VARIANTS = ["efficient", "linear", "taylor", "flatten", "performer"]
 CHECKPOINTED = {"pvt": "flatten", "vit": "performer", "unet": "taylor"}  # one variant per family
 REFUSED = [
     {"model": "pvt", "attention": "softmax", "size": [200, 72]},
@@ -30,7 +29,7 @@ REFUSED = [
 
 
 def grid(size: list[int]) -> list[dict]:
-    cases = [{"model": m, "attention": a, "size": size} for m in MODELS for a in VARIANTS]
+    cases = [{"model": m, "attention": a, "size": size} for m in MODELS for a in BAND_VARIANTS]
     return cases + [
         {"model": m, "attention": a, "size": size, "checkpointing": True} for m, a in CHECKPOINTED.items()
     ]
@@ -54,13 +53,13 @@ def worst_errors(results: list[list[dict]], bands: int) -> list[tuple[float, dic
 
 def test_four_bands_equal_one_process(results):
     checked = worst_errors(results, bands=4)
-    assert len(checked) == 4 * (len(MODELS) * len(VARIANTS) + len(CHECKPOINTED))
+    assert len(checked) == 4 * (len(MODELS) * len(BAND_VARIANTS) + len(CHECKPOINTED))
     assert max(checked, key=lambda e: e[0])[0] < 1, max(checked, key=lambda e: e[0])
 
 
 def test_two_bands_times_two_images_equal_data_parallel(results):
     checked = worst_errors(results, bands=2)
-    assert len(checked) == 4 * (len(MODELS) * len(VARIANTS) + len(CHECKPOINTED))
+    assert len(checked) == 4 * (len(MODELS) * len(BAND_VARIANTS) + len(CHECKPOINTED))
     assert max(checked, key=lambda e: e[0])[0] < 1, max(checked, key=lambda e: e[0])
 
 

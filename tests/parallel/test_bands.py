@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from band_workers import BAND_VARIANTS
 from torch import nn
 
 from segattn.attention import attention_class, available_attention, build_attention
@@ -43,14 +44,13 @@ def test_a_window_whose_outputs_do_not_tile_the_bands_is_refused():
         window_halos(5, 1, 1, 1, 64, "conv2d")  # 'valid'-like: H - 2 outputs
 
 
-BAND_PARALLEL = {"efficient", "linear", "taylor", "flatten", "performer"}  # README, spatial parallelism
-
-
 def test_the_variants_with_a_band_form_are_the_documented_ones():
-    assert {name for name in available_attention() if attention_class(name).band_parallel} == BAND_PARALLEL
+    assert {name for name in available_attention() if attention_class(name).band_parallel} == set(
+        BAND_VARIANTS
+    )
 
 
-@pytest.mark.parametrize("name", sorted(set(available_attention()) - BAND_PARALLEL))
+@pytest.mark.parametrize("name", sorted(set(available_attention()) - set(BAND_VARIANTS)))
 def test_a_variant_without_a_band_form_is_refused_by_name(name):
     model = nn.Sequential(build_attention(name, 16, 2))
     with pytest.raises(ValueError) as error:
