@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from ..layers import HW
+from ..layers import HW, kernel_backend
 
 
 class AttentionBase(nn.Module):
@@ -20,7 +20,11 @@ class AttentionBase(nn.Module):
     listed in the README: ``onnx_dynamic`` (ONNX export with dynamic H, W), ``torchscript`` (tracing),
     ``compilable`` (torch.compile), ``max_tokens`` (None: any resolution), ``band_parallel`` (one image
     can be split into bands of rows across processes: every token interaction goes through the sums of
-    ``segattn.parallel.tokens`` and every image operation through ``segattn.parallel.ops``).
+    ``segattn.parallel.tokens`` and every image operation through ``segattn.parallel.ops``),
+    ``triton_path`` (its kernel-attention core runs on the Triton kernels where ``kernel_backend`` says so).
+
+    ``kernel_backend`` is SEGATTN_KERNEL as read when the module was built ("auto", "torch" or "triton";
+    ``layers.kernel_backend``): the variants with a Triton path pass it to their functional core.
     """
 
     onnx_dynamic: ClassVar[bool] = True
@@ -28,6 +32,7 @@ class AttentionBase(nn.Module):
     compilable: ClassVar[bool] = True
     quadratic: ClassVar[bool] = False
     band_parallel: ClassVar[bool] = False
+    triton_path: ClassVar[bool] = False
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, proj_drop: float = 0.0) -> None:
         super().__init__()
@@ -39,6 +44,7 @@ class AttentionBase(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.kernel_backend = kernel_backend()
 
     @property
     def max_tokens(self) -> int | None:

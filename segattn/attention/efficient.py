@@ -15,6 +15,7 @@ class EfficientAttention(AttentionBase):
     """ρq(Q)·(ρk(K)ᵀV) per head; ``normalization`` is ``softmax`` (default) or ``scale`` (= QKᵀV/N)."""
 
     band_parallel: ClassVar[bool] = True
+    triton_path: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -33,7 +34,7 @@ class EfficientAttention(AttentionBase):
         self.normalization = normalization
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        return efficient_attention(q, k, v, self.normalization)
+        return efficient_attention(q, k, v, self.normalization, self.kernel_backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, normalization={self.normalization}"

@@ -12,6 +12,8 @@ from ..layers import HW, depthwise_conv, resample_grid_embedding, use_fused
 from .functional import focused_feature_map, focused_linear_attention
 from .fused_focus import focused_attention_fused
 from .reduction import ReducedKeysAttention
+from .triton import use_triton
+from .triton.functions import focused_attention_triton
 
 POSITION_ENCODINGS = ("none", "learned")
 
@@ -32,6 +34,7 @@ class FocusedLinearAttention(ReducedKeysAttention):
     """
 
     band_parallel: ClassVar[bool] = True
+    triton_path: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -83,7 +86,8 @@ class FocusedLinearAttention(ReducedKeysAttention):
             k = k + resample_grid_embedding(self.positional_encoding, size, kv_hw)
         local = self.local_context(v, kv_hw, hw)  # [B, h, N, d]
         if use_fused() and self.sr_ratio == 1:  # one autograd node; needs as many keys as queries
-            return focused_attention_fused(
+            triton = use_triton(self.kernel_backend, q, self.head_dim)
+            return (focused_attention_triton if triton else focused_attention_fused)(
                 q,
                 k,
                 v,
@@ -94,7 +98,8 @@ class FocusedLinearAttention(ReducedKeysAttention):
                 heads=self.num_heads,
             )
         q, k = self.split_heads(self.focus(q)), self.split_heads(self.focus(k))
-        return self.merge_heads(focused_linear_attention(q, k, self.split_heads(v), self.eps) + local)
+        mixed = focused_linear_attention(q, k, self.split_heads(v), self.eps, self.kernel_backend)
+        return self.merge_heads(mixed + local)
 
     def local_context(self, v: Tensor, kv_hw: HW, hw: HW) -> Tensor:
         """The DWC branch: each head's V as a d-channel image on ``kv_hw`` (bilinearly upsampled to ``hw``

@@ -5,9 +5,11 @@ and then apply the queries. Feature maps, the kᵀv product and the normaliser r
 bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the dtype of ``v``.
 Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
 
-Each linear function has a fast path (``fused_kernel.py``: an autograd Function that writes fewer
-intermediates and recomputes feature maps in backward) taken in eager mode; while tracing, exporting or
-compiling, and with SEGATTN_FUSED=0 (``fused_switch.use_fused``), the plain code below runs instead, so
+Each linear function has two fast paths taken in eager mode, chosen by ``backend`` (an attention module
+passes the SEGATTN_KERNEL setting it read when built; None reads it now): the Triton kernels
+(``triton/``: CUDA tensors by default) and the PyTorch Functions (``fused_kernel.py``: an autograd
+Function that writes fewer intermediates and recomputes feature maps in backward). While tracing, exporting
+or compiling, and with SEGATTN_FUSED=0 (``fused_switch.use_fused``), the plain code below runs instead, so
 exporters and compilers see ordinary ops.
 """
 
@@ -20,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..layers import use_fused
+from ..layers import kernel_backend, use_fused
 from ..parallel import token_count, token_softmax, token_sum, tokens_split
 from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
 from .fused_kernel import kernel_attention_fused
+from .triton import use_triton
+from .triton.functions import FeatureMap, kernel_attention_triton
 
 __all__ = [
     "efficient_attention",
@@ -40,6 +44,12 @@ LINEAR_FEATURE_MAPS = ("elu", "relu")
 
 def _upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def triton_path(backend: str | None, q: Tensor) -> bool:
+    """Whether this call takes the Triton kernels: ``backend`` (None: SEGATTN_KERNEL now) for q's device,
+    dtype and head dim (``triton.use_triton``)."""
+    return use_triton(kernel_backend() if backend is None else backend, q, q.shape[-1])
 
 
 def full_precision(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -63,7 +73,9 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
 
-def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "softmax") -> Tensor:
+def efficient_attention(
+    q: Tensor, k: Tensor, v: Tensor, normalization: str = "softmax", backend: str | None = None
+) -> Tensor:
     """Efficient Attention (Shen et al. 2018): ρq(q) · (ρk(k)ᵀ v).
 
     ``softmax``: ρq = softmax of each query over its d channels, ρk = softmax of each key channel over
@@ -76,6 +88,11 @@ def efficient_attention(q: Tensor, k: Tensor, v: Tensor, normalization: str = "s
         )
     if not use_fused() or (normalization == "softmax" and tokens_split()):  # key softmax over all tokens
         return _efficient_attention(q, k, v, normalization)
+    if triton_path(backend, q):
+        scale = token_count(k.shape[-2]) ** -0.5
+        maps = ("softmax_channels", "softmax_tokens") if normalization == "softmax" else ("identity",) * 2
+        phi_q, phi_k = (FeatureMap(name, scale) for name in maps)
+        return kernel_attention_triton(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
     if normalization == "softmax":
         phi_q, phi_k = Softmax(-1), Softmax(-2)
     else:
@@ -101,7 +118,9 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Ten
     return (phi_q @ context) / (normalizer + eps)
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6) -> Tensor:
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
     """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ."""
     if feature_map not in LINEAR_FEATURE_MAPS:
         raise ValueError(
@@ -109,6 +128,9 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", 
         )
     if not use_fused():
         return _linear_attention(q, k, v, feature_map, eps)
+    if triton_path(backend, q):
+        phi_t = FeatureMap(feature_map)
+        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, eps=eps)
     phi = EluPlusOne() if feature_map == "elu" else Relu()
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
 
@@ -122,13 +144,18 @@ def _linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: fl
     return kernel_attention(phi_q, phi_k, v, eps)
 
 
-def taylor_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
+def taylor_attention(
+    q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
     """Taylor linear attention (Li et al. 2020): sim(q, k) = 1 + q̂ᵀk̂ with q̂, k̂ L2-normalised per head.
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
     if not use_fused():
         return _taylor_attention(q, k, v, eps)
+    if triton_path(backend, q):
+        phi_t = FeatureMap("l2", eps=eps)
+        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, eps=eps, taylor_term=True)
     phi = L2Normalize(eps)
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps, taylor_term=True)
 
@@ -157,7 +184,9 @@ def focused_feature_map(x: Tensor, p: float = 3.0) -> Tensor:
     return out.to(dtype)
 
 
-def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
+def focused_linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
     """FLatten's kernel product with φ = identity: out_i = q_iᵀ(kᵀv / N) / (q_iᵀ mean_j k_j + eps).
 
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
@@ -165,10 +194,12 @@ def focused_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6)
     """
     if not use_fused():
         return _focused_linear_attention(q, k, v, eps)
+    factor = 1.0 / token_count(k.shape[-2])
+    if triton_path(backend, q):
+        phi_t = FeatureMap("identity")
+        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, context_scale=factor, eps=eps)
     identity = Scale(1.0)
-    return kernel_attention_fused(
-        q, k, v, phi_q=identity, phi_k=identity, context_scale=1.0 / token_count(k.shape[-2]), eps=eps
-    )
+    return kernel_attention_fused(q, k, v, phi_q=identity, phi_k=identity, context_scale=factor, eps=eps)
 
 
 @full_precision

@@ -5,7 +5,8 @@ come from one product: v is padded with a channel of ones, so φ(k)ᵀ[v, 1] ([d
 Σ_j φ(k_j) v_jᵀ and Σ_j φ(k_j) side by side, and φ(q) times it gives both at once. No N×N tensor. As in
 the paper's code, the products and the division run in fp32 even under bf16/fp16 autocast (float64 stays
 float64); the result comes back in the dtype of ``v``. Plain matmul, pad and elementwise ops only, so
-ONNX export, TorchScript tracing and torch.compile see ordinary ops.
+ONNX export, TorchScript tracing and torch.compile see ordinary ops. In eager mode the Triton kernels take
+it where ``backend`` says so (``functional.triton_path``: CUDA tensors by default).
 """
 
 from __future__ import annotations
@@ -13,17 +14,23 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from .functional import full_precision
+from .functional import full_precision, triton_path
+from .triton.functions import FeatureMap, kernel_attention_triton
 
 __all__ = ["LITE_KERNELS", "lite_linear_attention"]
 
 LITE_KERNELS = ("relu", "elu")  # relu: the paper's; elu: elu(x) + 1 (Katharopoulos et al. 2020)
 
 
-def lite_linear_attention(q: Tensor, k: Tensor, v: Tensor, kernel: str = "relu", eps: float = 1e-5) -> Tensor:
+def lite_linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, kernel: str = "relu", eps: float = 1e-5, backend: str | None = None
+) -> Tensor:
     """LiteMLA's linear attention on [B, heads, N, d] q, k (before φ) and v; returns [B, heads, N, d]."""
     if kernel not in LITE_KERNELS:
         raise ValueError(f"lite_linear_attention: kernel={kernel!r}; expected one of {LITE_KERNELS}")
+    if triton_path(backend, q):
+        phi = FeatureMap(kernel)
+        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
     return _lite_linear_attention(q, k, v, kernel, eps)
 
 

@@ -15,6 +15,7 @@ class LinearAttention(AttentionBase):
     """φ(Q)(φ(K)ᵀV) / (φ(Q)Σφ(K) + eps) with φ = elu + 1 (default) or relu."""
 
     band_parallel: ClassVar[bool] = True
+    triton_path: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -34,7 +35,7 @@ class LinearAttention(AttentionBase):
         self.eps = eps
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        return linear_attention(q, k, v, self.feature_map, self.eps)
+        return linear_attention(q, k, v, self.feature_map, self.eps, self.kernel_backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +40,8 @@ class LiteMultiScaleAttention(AttentionBase):
     ((1 + S)·C→C, no bias), ``proj.1`` (TokenBatchNorm). ``convert_timm_state_dict`` maps timm's LiteMLA
     onto them: timm orders the q, k, v channels per head ([q_h | k_h | v_h] for each head h).
     """
+
+    triton_path: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -98,7 +101,7 @@ class LiteMultiScaleAttention(AttentionBase):
                 tokens.unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
             )
             mixed.append(
-                lite_linear_attention(q, k, v, self.kernel, self.eps).transpose(1, 2)
+                lite_linear_attention(q, k, v, self.kernel, self.eps, self.kernel_backend).transpose(1, 2)
             )  # [B, N, h, d]
         return torch.cat(mixed, dim=2).flatten(2)  # [B, N, (1 + S)·C], scale-major heads
 

@@ -1,19 +1,46 @@
-"""The one switch between the fused autograd Functions and the plain autograd formulas they optimise.
+"""The switches between the fused autograd Functions and the plain autograd formulas they optimise, and
+between the fused Functions' two implementations (PyTorch ops or Triton kernels).
 
 Every fast path of the package (``attention.fused_kernel``, ``attention.fused_focus``, ``layers.depthwise``)
 runs only where ``use_fused()`` says so; otherwise the caller takes its plain formula (``functional.py``,
 ``functional_approx.py``, FLatten's module code, ``F.conv2d``): same values within float rounding, ordinary
 autograd. ``SEGATTN_FUSED=0`` in the environment selects the plain formulas everywhere, to rule the
 hand-written backward passes in or out when a result looks wrong, or to time them against autograd.
+
+``SEGATTN_KERNEL`` picks the implementation of the kernel-attention core when an attention module is built
+(``kernel_backend``; ``attention.triton.use_triton`` applies it per call): unset or ``auto``, CUDA tensors
+take the Triton kernels whenever triton is installed and everything else the PyTorch Functions; ``torch``
+keeps the PyTorch Functions everywhere; ``triton`` forces the kernels (on the CPU only through Triton's
+interpreter, TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": fused Functions (default)
+KERNEL_ENV = "SEGATTN_KERNEL"  # "auto" (default), "torch" or "triton"
+KERNEL_BACKENDS = ("auto", "torch", "triton")
+
+
+def kernel_backend() -> str:
+    """SEGATTN_KERNEL as "auto" (unset or empty), "torch" or "triton", read once per attention module when it
+    is built. Another value is a ValueError; "triton" without triton installed, or without a CUDA device
+    and TRITON_INTERPRET=1, is a RuntimeError naming the setting."""
+    value = os.environ.get(KERNEL_ENV, "") or "auto"
+    if value not in KERNEL_BACKENDS:
+        raise ValueError(f"{KERNEL_ENV}={value!r}; expected auto (the default), torch or triton")
+    if value == "triton" and importlib.util.find_spec("triton") is None:
+        raise RuntimeError(f"{KERNEL_ENV}=triton but triton is not installed; unset it for the PyTorch path")
+    if value == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"{KERNEL_ENV}=triton without a CUDA device needs TRITON_INTERPRET=1 (Triton's CPU interpreter); "
+            f"unset {KERNEL_ENV} for the PyTorch path"
+        )
+    return value
 
 
 def use_fused() -> bool:

@@ -1,0 +1,66 @@
+"""The Triton path of the kernel-attention core (``linear``, ``efficient``, ``taylor``, ``flatten``,
+``litemla``): fused GPU kernels for the forward (context reduction over N split across programs, then
+application with the normaliser) and the backward, with the feature maps recomputed in registers.
+
+Which path runs is chosen once, when an attention module is built (``layers.kernel_backend``:
+SEGATTN_KERNEL), and applied per call by ``use_triton``: the Triton path takes CUDA tensors whenever triton
+imports (or any tensor when forced, on the CPU through Triton's interpreter); the PyTorch fused path
+(``fused_kernel``, ``fused_focus``) everything else; the plain formulas run while tracing, exporting or
+compiling (``layers.use_fused``). float64 and head dims above ``MAX_HEAD_DIM`` stay on the PyTorch path
+unless Triton is forced, which refuses such a head dim by name.
+
+The kernels' module is loaded on first use (``load_kernels``), so that importing segattn never needs
+triton. For the CPU interpreter TRITON_INTERPRET=1 must be set when the process starts (``kernels``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from ...layers import KERNEL_ENV, use_fused
+
+MAX_HEAD_DIM = 128
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether triton is installed (checked once, without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def load_kernels() -> ModuleType:
+    """``kernels``, imported on first use (it reads TRITON_INTERPRET then)."""
+    return importlib.import_module(f"{__name__}.kernels")
+
+
+def use_triton(backend: str, x: Tensor, head_dim: int) -> bool:
+    """Whether a call on ``x`` (q, or any input: its device and dtype decide) with heads ``head_dim`` wide
+    takes the Triton path under the module's ``backend`` ("auto", "torch" or "triton";
+    ``layers.kernel_backend``).
+
+    "auto": CUDA tensors of fp32/bf16/fp16 with head dims up to ``MAX_HEAD_DIM`` when triton is installed.
+    "triton": every such tensor, on the CPU only when the kernels were loaded under TRITON_INTERPRET=1; a
+    larger head dim is a ValueError naming it. Never while tracing, exporting or compiling.
+    """
+    if backend == "torch" or not use_fused() or x.dtype not in DTYPES:
+        return False
+    if backend == "auto":
+        return x.is_cuda and available() and head_dim <= MAX_HEAD_DIM
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(
+            f"{KERNEL_ENV}=triton: head dim {head_dim} is above the Triton kernels' {MAX_HEAD_DIM}; use "
+            f"narrower heads or {KERNEL_ENV}=torch"
+        )
+    if not x.is_cuda and not load_kernels().INTERPRETED:
+        raise RuntimeError(
+            f"{KERNEL_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 set when the process "
+            f"starts (or a CUDA device); unset {KERNEL_ENV} for the PyTorch path"
+        )
+    return True

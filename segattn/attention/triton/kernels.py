@@ -1,0 +1,381 @@
+"""Triton kernels of the kernel-attention core: per head O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with the
+extended context [[S | z], [β | β₀]] = [[c·φk(k)ᵀv | c·φk(k)ᵀ1], [Σv | N]].
+
+Every kernel reads q, k, v through their strides (any [B, h, N, d] view, fp32/bf16/fp16), computes the
+feature maps in registers from them and accumulates in fp32; nothing of size N × d is written besides the
+results. Head dims are padded to the power of two ``D`` (at least 16, what ``tl.dot`` needs) and masked.
+
+- ``context_kernel``: grid (B·h, splits of N); each program sums φk(k)ᵀ[v | 1], Σv and its token count
+  over its share of the tokens into a [d + 1, dv + 1] partial; the caller sums the partials (and, on a
+  band of a split image, all-reduces the sum) before applying it.
+- ``apply_kernel``: grid (B·h, blocks of N); out = (φq S + β) / (φq z + β₀ + eps) (+ an addend), and 1/den
+  per token for backward.
+- ``query_backward_kernel``: grid (B·h, splits); ∂q from the output gradient and the context, and the
+  partial context gradient Ãᵀ[ĝ | −r] with Ã = [φq | 1] (its last row is ∂β), summed like the context.
+- ``keys_backward_kernel``: grid (B·h, blocks of N); ∂k and ∂v from the summed context gradient.
+- ``key_softmax_stats_kernel``: per split, each channel's max and Σexp over the tokens (Efficient
+  Attention's key softmax runs over N: the caller combines the splits into max and 1/Σexp).
+- ``focus_stats_kernel`` / ``focus_backward_kernel``: FLatten's focusing map over all C channels of a
+  token: per token max u and ‖u‖/‖(u/max u)^p‖ (so each head computes f_p in registers), and the
+  focusing map's backward from ∂f with the partial gradient of 1/softplus(scale).
+
+Feature maps (``KIND``): IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax
+over the head's channels, SOFTMAX_N softmax over the tokens (column statistics from the pre-pass), FOCUS
+FLatten's f_p (its backward leaves ∂f to ``focus_backward_kernel``, which needs all heads of a token).
+
+TRITON_INTERPRET=1 runs the kernels on the CPU. Triton reads it whenever ``triton.jit`` wraps a function,
+its own library's when triton is first imported (torch._dynamo imports it), so it must be set when the
+process starts; set later, the two disagree and importing this module fails with a RuntimeError saying so.
+``INTERPRETED`` records what was read.
+"""
+
+# ruff: noqa: N803  (upper case: Triton's convention for compile-time constants and shapes)
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
+    raise RuntimeError(
+        f"TRITON_INTERPRET={'1' if INTERPRETED else 'unset'} now, but triton was imported with the opposite "
+        "setting; set it once, before the process starts"
+    )
+
+IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS = range(7)
+
+
+@triton.jit
+def feature_map(x, rows_ok, cols_ok, KIND: tl.constexpr, scale, eps, power, row_a, row_b, col_a, col_b):
+    """φ(x) of a [BLOCK_N, D] fp32 block, 0 outside the valid rows and channels; ``row_*`` ([BLOCK_N]) and
+    ``col_*`` ([D]) carry the statistics of SOFTMAX_N (col_a max, col_b 1/Σexp) and FOCUS (row_a max u,
+    row_b ‖u‖/‖(u/max u)^p‖, col_a 1/softplus(scale))."""
+    if KIND == 0:
+        phi = x * scale
+    elif KIND == 1:
+        phi = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    elif KIND == 2:
+        phi = tl.maximum(x, 0.0)
+    elif KIND == 3:
+        norm = tl.sqrt(tl.sum(x * x, axis=1))
+        phi = x / tl.maximum(norm, eps)[:, None]
+    elif KIND == 4:
+        shifted = tl.where(cols_ok[None, :], x, float("-inf"))
+        e = tl.exp(shifted - tl.max(shifted, axis=1)[:, None])
+        phi = e / tl.sum(e, axis=1)[:, None]
+    elif KIND == 5:
+        phi = tl.exp(tl.minimum(x - col_a[None, :], 0.0)) * col_b[None, :]
+    else:
+        u = (tl.maximum(x, 0.0) + 1e-6) * col_a[None, :]
+        phi = tl.exp2(power * tl.log2(u / row_a[:, None])) * row_b[:, None]
+    return tl.where(rows_ok[:, None] & cols_ok[None, :], phi, 0.0)
+
+
+@triton.jit
+def feature_map_backward(x, phi, grad, cols_ok, KIND: tl.constexpr, scale, eps, col_c):
+    """∂L/∂x from ∂L/∂φ (``grad``) for every KIND but FOCUS (which returns ``grad``); ``col_c`` is SOFTMAX_N's
+    Σ_n φ·∂φ per channel."""
+    if KIND == 0:
+        out = grad * scale
+    elif KIND == 1:
+        out = grad * tl.minimum(phi, 1.0)  # φ'(x) = exp(min(x, 0)) = min(φ, 1)
+    elif KIND == 2:
+        out = tl.where(x > 0, grad, 0.0)
+    elif KIND == 3:
+        norm = tl.sqrt(tl.sum(x * x, axis=1))
+        along = tl.where(norm > eps, tl.sum(phi * grad, axis=1), 0.0)
+        out = (grad - phi * along[:, None]) / tl.maximum(norm, eps)[:, None]
+    elif KIND == 4:
+        out = phi * (grad - tl.sum(phi * grad, axis=1)[:, None])
+    elif KIND == 5:
+        out = phi * (grad - col_c[None, :])
+    else:
+        out = grad
+    return tl.where(cols_ok[None, :], out, 0.0)
+
+
+@triton.jit
+def load_block(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c):
+    """A [BLOCK_N, D] block of a strided [N, d] matrix as fp32 (0 where masked)."""
+    offsets = rows[:, None] * stride_n + cols[None, :] * stride_c
+    return tl.load(ptr + offsets, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_map_stats(
+    row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND: tl.constexpr
+):
+    """The statistics ``feature_map`` takes (zeros for the maps without): per token (row_ptr [B, N, 2],
+    FOCUS) and per channel (col_ptr at bh·col_bh + h·col_h, rows ``col_row`` apart; SOFTMAX_N, FOCUS)."""
+    row_a = tl.zeros(rows.shape, dtype=tl.float32)
+    row_b = tl.zeros(rows.shape, dtype=tl.float32)
+    col_a = tl.zeros(cols.shape, dtype=tl.float32)
+    col_b = tl.zeros(cols.shape, dtype=tl.float32)
+    col_c = tl.zeros(cols.shape, dtype=tl.float32)
+    base = col_ptr + bh * col_bh + h * col_h + cols
+    if KIND == 5:
+        col_a = tl.load(base, mask=cols_ok, other=0.0)
+        col_b = tl.load(base + col_row, mask=cols_ok, other=0.0)
+        col_c = tl.load(base + 2 * col_row, mask=cols_ok, other=0.0)
+    if KIND == 6:
+        row_a = tl.load(row_ptr + (b * N + rows) * 2, mask=rows_ok, other=1.0)
+        row_b = tl.load(row_ptr + (b * N + rows) * 2 + 1, mask=rows_ok, other=0.0)
+        col_a = tl.load(base, mask=cols_ok, other=0.0)
+    return row_a, row_b, col_a, col_b, col_c
+
+
+@triton.jit
+def context_kernel(
+    k_ptr, v_ptr, part_ptr, row_ptr, col_ptr,
+    skb, skh, skn, skc, svb, svh, svn, svc,
+    H, N, d, dv, blocks_per_split, num_blocks, col_bh, col_h, col_row,
+    scale, eps, power,
+    KIND: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
+    cols_ok, vcols_ok = cols < d, vcols < dv
+    k_base, v_base = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
+    acc = tl.zeros([D, DV], dtype=tl.float32)
+    acc_z = tl.zeros([D], dtype=tl.float32)
+    acc_v = tl.zeros([DV], dtype=tl.float32)
+    count = 0.0
+    start = split * blocks_per_split
+    for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = rows < N
+        row_a, row_b, col_a, col_b, _ = load_map_stats(
+            row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+        )
+        x = load_block(k_base, rows, rows_ok, cols, cols_ok, skn, skc)
+        phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
+        values = load_block(v_base, rows, rows_ok, vcols, vcols_ok, svn, svc)
+        acc += tl.dot(tl.trans(phi), values, input_precision=PRECISION)
+        acc_z += tl.sum(phi, axis=0)
+        acc_v += tl.sum(values, axis=0)
+        count += tl.sum(rows_ok.to(tl.float32), axis=0)
+    base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
+    tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
+    tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
+    tl.store(base + d * (dv + 1) + vcols, acc_v, mask=vcols_ok)
+    tl.store(base + d * (dv + 1) + dv, count)
+
+
+@triton.jit
+def load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok):
+    """S [D, DV], z [D], β [DV] and β₀ of one head from the extended context [B·h, d + 1, dv + 1]."""
+    base = ctx_ptr + bh * (d + 1) * (dv + 1)
+    s = tl.load(
+        base + cols[:, None] * (dv + 1) + vcols[None, :], mask=cols_ok[:, None] & vcols_ok[None, :], other=0.0
+    )
+    z = tl.load(base + cols * (dv + 1) + dv, mask=cols_ok, other=0.0)
+    beta = tl.load(base + d * (dv + 1) + vcols, mask=vcols_ok, other=0.0)
+    beta0 = tl.load(base + d * (dv + 1) + dv)
+    return s, z, beta, beta0
+
+
+@triton.jit
+def apply_kernel(
+    q_ptr, ctx_ptr, out_ptr, inv_ptr, add_ptr, row_ptr, col_ptr,
+    sqb, sqh, sqn, sqc, sob, soh, son, soc, sab, sah, san, sac,
+    H, N, d, dv, col_bh, col_h, col_row,
+    scale, map_eps, power, eps,
+    KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ADDEND: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    bh, block = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
+    cols_ok, vcols_ok = cols < d, vcols < dv
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ok = rows < N
+    row_a, row_b, col_a, col_b, _ = load_map_stats(
+        row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+    )
+    x = load_block(q_ptr + b * sqb + h * sqh, rows, rows_ok, cols, cols_ok, sqn, sqc)
+    phi = feature_map(x, rows_ok, cols_ok, KIND, scale, map_eps, power, row_a, row_b, col_a, col_b)
+    s, z, beta, beta0 = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
+    out = tl.dot(phi, s, input_precision=PRECISION)
+    if NORMALIZED:
+        den = tl.sum(phi * z[None, :], axis=1) + eps
+        if HAS_BIAS:
+            out += beta[None, :]
+            den += beta0
+        inv = 1.0 / den
+        out = out * inv[:, None]
+        tl.store(inv_ptr + bh * N + rows, inv, mask=rows_ok)
+    mask = rows_ok[:, None] & vcols_ok[None, :]
+    if HAS_ADDEND:
+        out += load_block(add_ptr + b * sab + h * sah, rows, rows_ok, vcols, vcols_ok, san, sac)
+    offsets = out_ptr + b * sob + h * soh + rows[:, None] * son + vcols[None, :] * soc
+    tl.store(offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def query_backward_kernel(
+    q_ptr, g_ptr, ctx_ptr, inv_ptr, dq_ptr, part_ptr, row_ptr, col_ptr,
+    sqb, sqh, sqn, sqc, sgb, sgh, sgn, sgc, sdb, sdh, sdn, sdc,
+    H, N, d, dv, blocks_per_split, num_blocks, col_bh, col_h, col_row,
+    scale, eps, power,
+    KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    # With ĝ = g/den, P = ĝ Sᵀ, r = (Σ_c φ_c P_c + ĝ·β)/den: ∂φ = P − r zᵀ and ∂[S̃] += [φ | 1]ᵀ[ĝ | −r].
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
+    cols_ok, vcols_ok = cols < d, vcols < dv
+    s, z, beta, _ = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
+    acc = tl.zeros([D, DV], dtype=tl.float32)
+    acc_z = tl.zeros([D], dtype=tl.float32)
+    acc_beta = tl.zeros([DV], dtype=tl.float32)
+    acc_beta0 = 0.0
+    q_base, g_base = q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh
+    start = split * blocks_per_split
+    for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = rows < N
+        row_a, row_b, col_a, col_b, col_c = load_map_stats(
+            row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+        )
+        x = load_block(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc)
+        phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
+        grad = load_block(g_base, rows, rows_ok, vcols, vcols_ok, sgn, sgc)
+        if NORMALIZED:
+            inv = tl.load(inv_ptr + bh * N + rows, mask=rows_ok, other=0.0)
+            grad = grad * inv[:, None]
+            p = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
+            r = tl.sum(phi * p, axis=1)
+            if HAS_BIAS:
+                r += tl.sum(grad * beta[None, :], axis=1)
+            r = r * inv
+            dphi = p - r[:, None] * z[None, :]
+            acc_z -= tl.sum(phi * r[:, None], axis=0)
+            acc_beta += tl.sum(grad, axis=0)
+            acc_beta0 -= tl.sum(r, axis=0)
+        else:
+            dphi = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
+        acc += tl.dot(tl.trans(phi), grad, input_precision=PRECISION)
+        dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
+        offsets = dq_ptr + b * sdb + h * sdh + rows[:, None] * sdn + cols[None, :] * sdc
+        tl.store(offsets, dx.to(dq_ptr.dtype.element_ty), mask=rows_ok[:, None] & cols_ok[None, :])
+    base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
+    tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
+    tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
+    tl.store(base + d * (dv + 1) + vcols, acc_beta, mask=vcols_ok)
+    tl.store(base + d * (dv + 1) + dv, acc_beta0)
+
+
+@triton.jit
+def keys_backward_kernel(
+    k_ptr, v_ptr, gctx_ptr, dk_ptr, dv_ptr, row_ptr, col_ptr,
+    skb, skh, skn, skc, svb, svh, svn, svc, sdkb, sdkh, sdkn, sdkc, sdvb, sdvh, sdvn, sdvc,
+    H, N, d, dv, col_bh, col_h, col_row,
+    scale, eps, power, factor,
+    KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    # ∂φk = c(v ∂Sᵀ + 1 ∂zᵀ), ∂v = c φk ∂S (+ 1 ∂β for Taylor's Σv); ∂z is 0 without a normaliser.
+    bh, block = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
+    cols_ok, vcols_ok = cols < d, vcols < dv
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ok = rows < N
+    ds, dz, dbeta, _ = load_context(gctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
+    row_a, row_b, col_a, col_b, col_c = load_map_stats(
+        row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+    )
+    x = load_block(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc)
+    phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
+    values = load_block(v_ptr + b * svb + h * svh, rows, rows_ok, vcols, vcols_ok, svn, svc)
+    dphi = (tl.dot(values, tl.trans(ds), input_precision=PRECISION) + dz[None, :]) * factor
+    dvalues = tl.dot(phi, ds, input_precision=PRECISION) * factor
+    if HAS_BIAS:
+        dvalues += dbeta[None, :]
+    dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
+    mask_k, mask_v = rows_ok[:, None] & cols_ok[None, :], rows_ok[:, None] & vcols_ok[None, :]
+    dk_offsets = dk_ptr + b * sdkb + h * sdkh + rows[:, None] * sdkn + cols[None, :] * sdkc
+    tl.store(dk_offsets, dx.to(dk_ptr.dtype.element_ty), mask=mask_k)
+    dv_offsets = dv_ptr + b * sdvb + h * sdvh + rows[:, None] * sdvn + vcols[None, :] * sdvc
+    tl.store(dv_offsets, dvalues.to(dv_ptr.dtype.element_ty), mask=mask_v)
+
+
+@triton.jit
+def key_softmax_stats_kernel(
+    k_ptr, part_ptr, skb, skh, skn, skc, H, N, d, blocks_per_split, num_blocks,
+    D: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Online max and Σexp per channel over this split's tokens; part: [splits, B·h, 2, d].
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols = tl.arange(0, D)
+    cols_ok = cols < d
+    top = tl.full([D], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([D], dtype=tl.float32)
+    start = split * blocks_per_split
+    for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = rows < N
+        x = load_block(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc)
+        x = tl.where(rows_ok[:, None], x, float("-inf"))
+        new_top = tl.maximum(top, tl.max(x, axis=0))
+        total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top[None, :]), axis=0)
+        top = new_top
+    base = part_ptr + (split * tl.num_programs(0) + bh) * 2 * d + cols
+    tl.store(base, top, mask=cols_ok)
+    tl.store(base + d, total, mask=cols_ok)
+
+
+@triton.jit
+def focus_stats_kernel(
+    x_ptr, inv_scale_ptr, stats_ptr, sxb, sxn, sxc, N, C, power,
+    CP: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Per token of [B, N, C]: u = (relu(x) + 1e-6)/softplus(scale); stats = (max u, ‖u‖ / ‖(u/max u)^p‖).
+    b, block = tl.program_id(0), tl.program_id(1)
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, CP)
+    rows_ok, cols_ok = rows < N, cols < C
+    x = load_block(x_ptr + b * sxb, rows, rows_ok, cols, cols_ok, sxn, sxc)
+    inv_scale = tl.load(inv_scale_ptr + cols, mask=cols_ok, other=0.0)
+    u = tl.where(cols_ok[None, :], (tl.maximum(x, 0.0) + 1e-6) * inv_scale[None, :], 0.0)
+    top = tl.max(u, axis=1)
+    top = tl.where(rows_ok, top, 1.0)
+    w = tl.where(cols_ok[None, :], tl.exp2(power * tl.log2(tl.maximum(u, 1e-38) / top[:, None])), 0.0)
+    ratio = tl.sqrt(tl.sum(u * u, axis=1) / tl.sum(w * w, axis=1))
+    tl.store(stats_ptr + (b * N + rows) * 2, top, mask=rows_ok)
+    tl.store(stats_ptr + (b * N + rows) * 2 + 1, ratio, mask=rows_ok)
+
+
+@triton.jit
+def focus_backward_kernel(
+    x_ptr, g_ptr, inv_scale_ptr, stats_ptr, dx_ptr, part_ptr,
+    sxb, sxn, sxc, sgb, sgn, sgc, sdb, sdn, sdc, N, C, power,
+    CP: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # With a² = ‖u‖² and γ = Σ_c g·f / a²: ∂u = p·(f/u)·(g − γ f) + γ u; ∂x = ∂u/softplus(scale) where x > 0;
+    # the partial of ∂(1/softplus(scale))_c = Σ_n ∂u·(relu(x) + 1e-6) goes to part [B·blocks, C].
+    b, block = tl.program_id(0), tl.program_id(1)
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, CP)
+    rows_ok, cols_ok = rows < N, cols < C
+    mask = rows_ok[:, None] & cols_ok[None, :]
+    x = load_block(x_ptr + b * sxb, rows, rows_ok, cols, cols_ok, sxn, sxc)
+    grad = load_block(g_ptr + b * sgb, rows, rows_ok, cols, cols_ok, sgn, sgc)
+    inv_scale = tl.load(inv_scale_ptr + cols, mask=cols_ok, other=1.0)
+    top = tl.load(stats_ptr + (b * N + rows) * 2, mask=rows_ok, other=1.0)
+    ratio = tl.load(stats_ptr + (b * N + rows) * 2 + 1, mask=rows_ok, other=0.0)
+    raw = tl.maximum(x, 0.0) + 1e-6
+    u = raw * inv_scale[None, :]
+    f = tl.where(mask, tl.exp2(power * tl.log2(u / top[:, None])) * ratio[:, None], 0.0)
+    u = tl.where(mask, u, 0.0)
+    gamma = tl.sum(grad * f, axis=1) / tl.maximum(tl.sum(u * u, axis=1), 1e-38)
+    du = power * (f / tl.where(mask, u, 1.0)) * (grad - gamma[:, None] * f) + gamma[:, None] * u
+    du = tl.where(mask, du, 0.0)
+    dx = tl.where(x > 0, du * inv_scale[None, :], 0.0)
+    dx_offsets = dx_ptr + b * sdb + rows[:, None] * sdn + cols[None, :] * sdc
+    tl.store(dx_offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(part_ptr + (b * tl.num_programs(1) + block) * C + cols, tl.sum(du * raw, axis=0), mask=cols_ok)

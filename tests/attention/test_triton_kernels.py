@@ -1,0 +1,250 @@
+"""The Triton kernels (``segattn.attention.triton``) against float64 formulas written here, on the CPU through
+Triton's interpreter; with a CUDA device, compiled, on CUDA tensors.
+
+Each case checks the output and the gradients of q, k, v (and of every parameter, for the modules) with
+q, k, v strided column blocks of one [B, N, 3C] tensor, B·h = 4. Sizes cover N ∈ {1, 7, 1000, 4099} (not
+multiples of the block) and d ∈ {16, 32, 64}, each at least once, not every combination: the interpreter
+runs programs one by one. Errors are measured relative to the largest magnitude of the compared tensor.
+
+Tolerances: fp32 1e-5 (measured below 1e-6: summation order); bf16 inputs 2e-2 against the formula on
+the same bf16 values (results are rounded to bf16, 3.9e-3 relative, and fp32 sums of rounded terms).
+
+TRITON_INTERPRET=1 comes from this folder's conftest.py (it must be set before triton is imported).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from attention_reference import build_perturbed, module_reference
+from torch import Tensor
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from segattn.attention.fused_kernel import KernelAttention
+from segattn.attention.triton import load_kernels, use_triton
+from segattn.attention.triton.functions import (
+    FeatureMap,
+    TritonFocusedAttention,
+    TritonKernelAttention,
+    kernel_attention_triton,
+)
+from segattn.layers import FUSED_ENV, KERNEL_ENV, kernel_backend
+
+KERNELS = load_kernels()
+
+DEVICE = torch.device("cpu" if KERNELS.INTERPRETED else "cuda")
+BATCH, HEADS = 2, 2
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+EPS = 1e-6
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEGATTN_KERNEL=triton for the modules built in the test."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+
+
+def strided_qkv(tokens: int, d: int, dtype: torch.dtype, seed: int = 0, spread: float = 1.0) -> list[Tensor]:
+    """q, k, v [B, h, N, d]: head views of the column blocks of one [B, N, 3C] leaf."""
+    generator = torch.Generator().manual_seed(seed)
+    qkv = (spread * torch.randn(BATCH, tokens, 3 * HEADS * d, generator=generator)).to(DEVICE, dtype)
+    qkv.requires_grad_()
+    return [x.unflatten(-1, (HEADS, d)).transpose(1, 2) for x in qkv.chunk(3, dim=-1)]
+
+
+def reference(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The variant's formula in float64 (kernel products, no N×N tensor: N reaches 4099)."""
+    n = k.shape[-2]
+    if variant == "efficient_softmax":
+        return q.softmax(dim=-1) @ (k.softmax(dim=-2).mT @ v)
+    if variant == "efficient_scale":
+        return (q * n**-0.5) @ ((k * n**-0.5).mT @ v)
+    if variant == "taylor":
+        qh, kh = F.normalize(q, dim=-1, eps=EPS), F.normalize(k, dim=-1, eps=EPS)
+        numerator = v.sum(dim=-2, keepdim=True) + qh @ (kh.mT @ v)
+        return numerator / (n + qh @ kh.sum(dim=-2, keepdim=True).mT + EPS)
+    phi_q, phi_k = (F.elu(x) + 1 if variant == "elu" else F.relu(x) for x in (q, k))
+    return (phi_q @ (phi_k.mT @ v)) / (phi_q @ phi_k.sum(dim=-2, keepdim=True).mT + EPS)
+
+
+def triton_call(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    n = k.shape[-2]
+    if variant == "efficient_softmax":
+        maps = FeatureMap("softmax_channels"), FeatureMap("softmax_tokens")
+        return kernel_attention_triton(q, k, v, phi_q=maps[0], phi_k=maps[1], normalize=False)
+    if variant == "efficient_scale":
+        phi = FeatureMap("identity", n**-0.5)
+        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, normalize=False)
+    if variant == "taylor":
+        phi = FeatureMap("l2", eps=EPS)
+        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=EPS, taylor_term=True)
+    phi = FeatureMap(variant)
+    return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=EPS)
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    return ((actual.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+
+
+def assert_close(labels: list[str], actual: list[Tensor], expected: list[Tensor], tolerance: float) -> None:
+    errors = {label: relative_error(a, e) for label, a, e in zip(labels, actual, expected, strict=True)}
+    assert max(errors.values()) < tolerance, errors
+
+
+# (variant, N, d, dtype): every N, d, variant and dtype at least once. N = 1 with an unnormalised variant:
+# a normalised one returns v there whatever q and k, so their gradients are rounding noise.
+CASES = [
+    ("efficient_scale", 1, 16, torch.float32),
+    ("relu", 7, 32, torch.bfloat16),
+    ("elu", 1000, 64, torch.float32),
+    ("taylor", 4099, 16, torch.float32),
+    ("taylor", 7, 64, torch.bfloat16),
+    ("efficient_softmax", 1000, 32, torch.float32),
+    ("efficient_softmax", 7, 16, torch.bfloat16),
+    ("efficient_scale", 1000, 16, torch.bfloat16),
+    ("relu", 4099, 32, torch.float32),
+]
+
+
+@pytest.mark.parametrize(("variant", "tokens", "d", "dtype"), CASES)
+def test_kernel_attention_equals_the_float64_formula(
+    variant: str, tokens: int, d: int, dtype: torch.dtype
+) -> None:
+    q, k, v = strided_qkv(tokens, d, dtype)
+    out = triton_call(variant, q, k, v)
+    assert out.dtype == dtype and out.transpose(1, 2).is_contiguous()  # v's dtype, [B, N, C] memory
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = reference(variant, *exact)
+    expected_grads = torch.autograd.grad(expected, exact, upstream.to(dtype).double())
+    assert_close(["out", "∂q", "∂k", "∂v"], [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("variant", ["elu", "efficient_softmax"])
+def test_fp16_at_many_tokens_stays_finite(variant: str) -> None:
+    """Large fp16 inputs over 4099 tokens: the sums exceed fp16's range (65504) in the PyTorch-AMP
+    failure mode; here they accumulate in fp32."""
+    q, k, v = strided_qkv(4099, 16, torch.float16, spread=30.0)
+    out = triton_call(variant, q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert all(torch.isfinite(t).all() for t in (out, *grads))
+
+
+def module_case(name: str, options: dict, hw: tuple[int, int], dim: int, dtype: torch.dtype) -> None:
+    """A module built under SEGATTN_KERNEL=triton, run in ``dtype``, against ``module_reference`` (the
+    explicit per-head formula) in float64: output and the gradients of x and every parameter."""
+    tokens = hw[0] * hw[1]
+    module = build_perturbed(name, options, dim, HEADS, tokens)
+    assert module.kernel_backend == "triton"
+    x = torch.randn(BATCH, tokens, dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    upstream = torch.randn(
+        BATCH, tokens, dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+    fast = copy.deepcopy(module).to(DEVICE, dtype)
+    leaf = x.to(DEVICE, dtype).requires_grad_()
+    out = fast(leaf, hw)
+    grads = torch.autograd.grad(out, [leaf, *fast.parameters()], upstream.to(DEVICE, dtype))
+    exact = copy.deepcopy(module).double()
+    x = x.requires_grad_()
+    expected = module_reference(exact, name, options, x, hw)
+    expected_grads = torch.autograd.grad(expected, [x, *exact.parameters()], upstream)
+    labels = ["out", "∂x", *(f"∂{n}" for n, _ in module.named_parameters())]
+    assert_close(labels, [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
+
+
+@pytest.mark.usefixtures("forced")
+@pytest.mark.parametrize(
+    ("hw", "dim", "dtype"), [((1, 7), 32, torch.bfloat16), ((15, 20), 128, torch.float32)]
+)
+def test_flatten_module_equals_the_paper_formula(
+    monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], dim: int, dtype: torch.dtype
+) -> None:
+    calls = record(monkeypatch, TritonFocusedAttention)
+    module_case("flatten", {}, hw, dim, dtype)
+    assert calls == [TritonFocusedAttention]
+
+
+@pytest.mark.usefixtures("forced")
+def test_litemla_module_equals_the_paper_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record(monkeypatch, TritonKernelAttention)
+    module_case("litemla", {}, (6, 9), 32, torch.float32)
+    assert calls == [TritonKernelAttention] * 2  # the q, k, v heads and the 5×5 aggregate's
+
+
+def record(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Function]) -> list[type]:
+    """Record each ``apply`` of ``function`` (the original still runs)."""
+    calls: list[type] = []
+    original = function.apply
+
+    def apply(*args):
+        calls.append(function)
+        return original(*args)
+
+    monkeypatch.setattr(function, "apply", apply)
+    return calls
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("", "auto"), ("torch", "torch")])
+def test_kernel_backend_reads_the_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str
+) -> None:
+    if value is None:
+        monkeypatch.delenv(KERNEL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KERNEL_ENV, value)
+    assert kernel_backend() == expected
+
+
+def test_kernel_backend_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KERNEL_ENV, "cuda")
+    with pytest.raises(ValueError, match=r"SEGATTN_KERNEL='cuda'; expected auto .*, torch or triton"):
+        kernel_backend()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a CUDA device")
+def test_forcing_triton_on_the_cpu_without_the_interpreter_is_one_error_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(
+        RuntimeError, match=r"^SEGATTN_KERNEL=triton without a CUDA device needs TRITON_INTERPRET=1"
+    ):
+        kernel_backend()
+    monkeypatch.setattr(KERNELS, "INTERPRETED", False)  # as if loaded without the interpreter
+    with pytest.raises(
+        RuntimeError, match=r"^SEGATTN_KERNEL=triton on a cpu tensor needs TRITON_INTERPRET=1"
+    ):
+        use_triton("triton", torch.zeros(1, 1, 4, 16), 16)
+
+
+def test_an_unsupported_head_dim_is_named_when_forced_and_falls_back_otherwise() -> None:
+    x = torch.zeros(1, 1, 4, 256, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^SEGATTN_KERNEL=triton: head dim 256 is above .* 128"):
+        use_triton("triton", x, 256)
+    assert not use_triton("auto", x, 256)
+
+
+def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built under SEGATTN_KERNEL=torch, a module keeps the PyTorch Functions after the variable changes;
+    auto on CPU tensors takes them too; SEGATTN_FUSED=0 (the plain formulas) takes neither."""
+    monkeypatch.setenv(KERNEL_ENV, "torch")
+    module = build_perturbed("linear", {}, 32, HEADS, 12)
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    calls = record(monkeypatch, KernelAttention)
+    triton_calls = record(monkeypatch, TritonKernelAttention)
+    x = torch.randn(1, 12, 32)
+    module(x, (3, 4))
+    module.kernel_backend = "auto"
+    module(x, (3, 4))
+    monkeypatch.setenv(FUSED_ENV, "0")
+    module.kernel_backend = "triton"
+    module(x, (3, 4))
+    assert calls == [KernelAttention] * 2 and triton_calls == []
