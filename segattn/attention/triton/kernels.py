@@ -141,7 +141,7 @@ def context_kernel(
     acc = tl.zeros([D, DV], dtype=tl.float32)
     acc_z = tl.zeros([D], dtype=tl.float32)
     acc_v = tl.zeros([DV], dtype=tl.float32)
-    count = 0.0
+    count = tl.zeros([BLOCK_N], dtype=tl.float32)  # tokens seen, per row of the block
     start = split * blocks_per_split
     for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,12 +155,12 @@ def context_kernel(
         acc += tl.dot(tl.trans(phi), values, input_precision=PRECISION)
         acc_z += tl.sum(phi, axis=0)
         acc_v += tl.sum(values, axis=0)
-        count += tl.sum(rows_ok.to(tl.float32), axis=0)
+        count += rows_ok.to(tl.float32)
     base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
     tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
     tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
     tl.store(base + d * (dv + 1) + vcols, acc_v, mask=vcols_ok)
-    tl.store(base + d * (dv + 1) + dv, count)
+    tl.store(base + d * (dv + 1) + dv, tl.sum(count, axis=0))
 
 
 @triton.jit
@@ -231,7 +231,7 @@ def query_backward_kernel(
     acc = tl.zeros([D, DV], dtype=tl.float32)
     acc_z = tl.zeros([D], dtype=tl.float32)
     acc_beta = tl.zeros([DV], dtype=tl.float32)
-    acc_beta0 = 0.0
+    acc_beta0 = tl.zeros([BLOCK_N], dtype=tl.float32)  # −Σ r, per row of the block
     q_base, g_base = q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh
     start = split * blocks_per_split
     for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
@@ -254,7 +254,7 @@ def query_backward_kernel(
             dphi = p - r[:, None] * z[None, :]
             acc_z -= tl.sum(phi * r[:, None], axis=0)
             acc_beta += tl.sum(grad, axis=0)
-            acc_beta0 -= tl.sum(r, axis=0)
+            acc_beta0 -= r
         else:
             dphi = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
         acc += tl.dot(tl.trans(phi), grad, input_precision=PRECISION)
@@ -265,7 +265,7 @@ def query_backward_kernel(
     tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
     tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
     tl.store(base + d * (dv + 1) + vcols, acc_beta, mask=vcols_ok)
-    tl.store(base + d * (dv + 1) + dv, acc_beta0)
+    tl.store(base + d * (dv + 1) + dv, tl.sum(acc_beta0, axis=0))
 
 
 @triton.jit

@@ -62,7 +62,7 @@ class Blocks:
         wide = max(D, DV) > 64
         # fp32 inputs follow PyTorch's TF32 setting for matmuls; half inputs carry less than TF32's mantissa
         tf32 = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
-        block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 32 if wide else 64
+        block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 16 if wide else 64
         return Blocks(D, DV, block, 8 if wide else 4, "tf32" if tf32 else "ieee")
 
     def constants(self) -> dict:
