@@ -28,7 +28,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "cpu": {"sizes": ["1k", "4k", "16k", "64k", "256k"], "repeats": 5, "config_seconds": 20.0}
         | {"max_call_seconds": 60.0},
         "cuda": {"sizes": ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k", "256k"], "repeats": 20}
-        | {"config_seconds": 2.0, "max_call_seconds": 10.0},
+        | {"config_seconds": 2.0, "max_call_seconds": 10.0, "kernels": ["torch", "triton"]},
     },
     "model": {
         "smoke": {"image_sizes": [64], "repeats": 1, "dtypes": ["fp32"], "max_step_seconds": 30.0},
@@ -83,6 +83,7 @@ def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> Non
         clock=args.clock,
         memory=not args.no_memory,
         compile=args.compile,
+        kernels=values.get("kernels") or ["auto"],
     )
     run(settings, device, out_dir)
 
@@ -136,7 +137,10 @@ def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) 
     budget = values.get("budget_gib")
     settings = AccuracySettings(
         experiment=values["experiment"],
-        variants=[parse_spec(text) for text in values.get("variants") or default_variants(args.smoke)],
+        variants=[
+            parse_spec(text)
+            for text in values.get("variants") or default_variants(args.smoke, values["experiment"])
+        ],
         seeds=values["seeds"],
         overrides=values.get("overrides") or [],
         jobs=values.get("jobs", 1),
@@ -227,6 +231,13 @@ def add_op_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-call-seconds", type=float, help="skip sizes predicted slower than this per call"
+    )
+    group.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=["auto", "torch", "triton"],
+        help="SEGATTN_KERNEL values to time side by side for the variants with a Triton path "
+        "(default: torch triton on CUDA, auto elsewhere)",
     )
 
 

@@ -15,6 +15,13 @@ variant's ratio is time / floor for the forward and time / (2·floor) for forwar
 At small widths the kernel products, not the bytes, set the pace: the ``matmuls`` row times the batched
 matmuls a kernel-product linear attention cannot avoid (forward: φ(K)ᵀ[V | 1] and φ(Q)·context; backward:
 four more), head-major, contiguous and in fp32 (the dtype the variants compute in), with nothing else.
+
+The copy floor (column ``copy_floor_seconds``, shown in the ``floor`` row) is the time the bytes a linear
+attention must move take at the device's copy bandwidth, measured once on a copy large enough to be
+bandwidth-bound (``copy_bandwidth``): the lower bound of any attention, where the ``floor`` op, one small
+elementwise pass, also pays a launch. ``kernels`` times each variant with a Triton
+path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN_KERNEL as a module
+attribute); ``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..attention import AttentionBase, build_attention
+from ..attention import AttentionBase, attention_class, build_attention
 from ..cpu_memory import return_freed_memory
 from .measure import Emit, PeakMemory, autocast_for, fill_peaks, is_out_of_memory, time_call
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
@@ -37,7 +44,9 @@ from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = {"fwd": "forward", "fwdbwd": "forward+backward"}
 FLOOR = "floor"
+COPY_FLOOR = "copy floor"  # the plots' label of the copy-bandwidth floor
 MATMULS = "matmuls"
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # per copy buffer: far past caches and launch costs
 REFERENCE = "softmax"
 DEFINITION = (
     "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
@@ -46,7 +55,8 @@ DEFINITION = (
     "and writing the output; matmuls = the kernel products alone (2 bmm forward, 6 forward+backward, fp32); "
     "fwd+bwd adds the gradients w.r.t. q, k, v and the variant's own parameters; "
     "ratio = time / floor (fwd) or time / (2·floor) (fwd+bwd), and time / matmuls; "
-    "bf16 = bf16 inputs under autocast. "
+    "bf16 = bf16 inputs under autocast; copy floor = the bytes a linear attention moves (q, k, v, o; "
+    "fwd+bwd also dO, dq, dk, dv) at the copy bandwidth of a large tensor. "
     "Cells: median time, ratio, peak memory above the inputs (fresh process)."
 )
 
@@ -68,11 +78,29 @@ class OpSettings:
     memory: bool = True
     memory_timeout: float = 1800.0
     compile: bool = False  # also each variant's compiled twin
+    kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values to time side by side
 
 
-def build_variant(spec: Spec, dim: int, heads: int, device: torch.device) -> AttentionBase:
-    """The attention module of ``spec``; a compiled spec's ``mix_tokens`` runs under ``torch.compile``."""
+def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
+    """(label, spec, kernel backend) of every timed module: a variant with a Triton path once per kernel
+    of ``settings.kernels`` (label ``<spec>@<kernel>`` when there are several), others once ("auto")."""
+    out = []
+    for spec in settings.variants:
+        has_triton = attention_class(spec.name).triton_path and not spec.compiled
+        kernels = settings.kernels if has_triton else ["auto"]
+        several = len(kernels) > 1
+        out += [(f"{spec.label}@{kernel}" if several else spec.label, spec, kernel) for kernel in kernels]
+    return out
+
+
+def build_variant(
+    spec: Spec, dim: int, heads: int, device: torch.device, kernel: str = "auto"
+) -> AttentionBase:
+    """The attention module of ``spec`` on the ``kernel`` path (a SEGATTN_KERNEL value; "auto": as that
+    variable says); a compiled spec's ``mix_tokens`` runs under ``torch.compile``."""
     module = build_attention(spec.name, dim, heads, **spec.options).to(device)
+    if kernel != "auto":
+        module.kernel_backend = kernel
     if spec.compiled:
         module.mix_tokens = torch.compile(module.mix_tokens, **compile_options())
     return module
@@ -155,6 +183,25 @@ class MatmulFloor:
             torch.bmm(self.keys, grad_context[..., :-1], out=self.grad_tokens)
 
 
+def copy_bandwidth(device: torch.device, settings: OpSettings) -> float:
+    """Bytes per second (read + written) of the best of ``settings.repeats`` copies between two buffers of
+    ``COPY_BYTES`` (fewer on a GPU with little free memory), timed like every op (CUDA events on a GPU)."""
+    size = COPY_BYTES[device.type]
+    if device.type == "cuda":
+        size = min(size, torch.cuda.mem_get_info(device)[0] // 4)
+    source = torch.ones(size, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy = functools.partial(target.copy_, source)
+    copy()  # first touch outside the timing
+    seconds = min(time_call(copy, device) for _ in range(max(3, settings.repeats)))
+    return 2 * size / seconds
+
+
+def moved_bytes(settings: OpSettings, tokens: int, mode: str, element_size: int) -> int:
+    """What a linear attention must move: q, k, v in and o out (fwd); also dO in and dq, dk, dv out."""
+    return 4 * floor_passes(mode) * settings.batch * tokens * settings.dim * element_size
+
+
 def interleaved_medians(
     calls: dict[str, Callable[[], None]], device: torch.device, settings: OpSettings
 ) -> dict[str, tuple[float, int] | str]:
@@ -200,8 +247,11 @@ def skip_reason(
 def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]:
     """Time every (variant, dtype, mode, size) with the floor of the same inputs, interleaved per size."""
     modules = {
-        spec.label: build_variant(spec, settings.dim, settings.heads, device) for spec in settings.variants
+        label: build_variant(spec, settings.dim, settings.heads, device, kernel)
+        for label, spec, kernel in labelled_variants(settings)
     }
+    bandwidth = copy_bandwidth(device, settings)
+    progress(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     rows: list[dict[str, Any]] = []
     for dtype in settings.dtypes:
         for mode in settings.modes:
@@ -230,12 +280,15 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     results[name][0] if isinstance(results[name], tuple) else float("nan")
                     for name in (FLOOR, MATMULS)
                 )
-                nbytes = 4 * settings.batch * tokens * settings.dim * floor_case.floor_out.element_size()
+                element_size = floor_case.floor_out.element_size()
+                nbytes = 4 * settings.batch * tokens * settings.dim * element_size
+                copy_seconds = moved_bytes(settings, tokens, mode, element_size) / bandwidth
                 flops = 2 * settings.batch * tokens * settings.dim * (settings.dim // settings.heads + 1)
                 flops *= 6 if mode == "fwdbwd" else 2
                 rows.append(
                     {"variant": FLOOR, **base, "seconds": floor_seconds, "repeats": results[FLOOR][1]}
                     | {"status": "ok", "note": f"{nbytes / floor_seconds / 1e9:.1f} GB/s"}
+                    | {"copy_floor_seconds": copy_seconds, "copy_bandwidth": bandwidth}
                 )
                 rows.append(
                     {"variant": MATMULS, **base, "seconds": matmul_seconds, "repeats": results[MATMULS][1]}
@@ -257,7 +310,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     rows.append(
                         {"variant": label, **base, "seconds": seconds, "repeats": repeats}
                         | {"floor_seconds": floor_seconds, "floor_ratio": ratio, "status": "ok", "note": ""}
-                        | {"matmul_ratio": seconds / matmul_seconds}
+                        | {"matmul_ratio": seconds / matmul_seconds, "copy_ratio": seconds / copy_seconds}
                     )
                 del cases, calls
     add_speedups(rows)
@@ -282,7 +335,7 @@ def memory_child(task: dict[str, Any], emit: Emit) -> None:
     return_freed_memory()
     device = torch.device(task["device"])
     spec = Spec(task["name"], task["options"], compiled=task["compiled"])
-    module = build_variant(spec, task["dim"], task["heads"], device)
+    module = build_variant(spec, task["dim"], task["heads"], device, task["kernel"])
     OpCase(module, task["sizes"][0], task["dtype"], task["mode"], task["batch"], device)()  # one-time set-up
     for tokens in task["sizes"]:
         case = OpCase(module, tokens, task["dtype"], task["mode"], task["batch"], device)
@@ -296,18 +349,18 @@ def memory_child(task: dict[str, Any], emit: Emit) -> None:
 
 def measure_memory(rows: list[dict[str, Any]], settings: OpSettings, device: torch.device) -> None:
     """Fill ``peak_bytes`` of the timed rows, one fresh child per (variant, dtype, mode)."""
-    for spec in settings.variants:
+    for label, spec, kernel in labelled_variants(settings):
         for dtype in settings.dtypes:
             for mode in settings.modes:
                 mine = [
                     r
                     for r in rows
-                    if (r["variant"], r["dtype"], r["mode"]) == (spec.label, dtype, mode)
-                    and r["status"] == "ok"
+                    if (r["variant"], r["dtype"], r["mode"]) == (label, dtype, mode) and r["status"] == "ok"
                 ]
                 if not mine:
                     continue
                 task = {"name": spec.name, "options": spec.options, "compiled": spec.compiled}
+                task |= {"kernel": kernel}
                 task |= {"dtype": dtype, "mode": mode}
                 task |= {"sizes": [r["tokens"] for r in mine], "device": str(device), "batch": settings.batch}
                 task |= {"dim": settings.dim, "heads": settings.heads}
@@ -318,10 +371,13 @@ def measured_lines(row: dict[str, Any]) -> list[str]:
     lines = [format_seconds(row["seconds"])]
     if row["variant"] == FLOOR:
         lines.append(row["note"])
+        copy_floor = format_seconds(row["copy_floor_seconds"])
+        lines.append(f"copy floor {copy_floor} ({row['copy_bandwidth'] / 1e9:.0f} GB/s)")
     elif row["variant"] == MATMULS:
         lines += [row["note"], f"{row['floor_ratio']:.1f}× floor"]
     else:
         lines.append(f"{row['floor_ratio']:.1f}× floor, {row['matmul_ratio']:.1f}× matmuls")
+        lines.append(f"{row['copy_ratio']:.0f}× copy floor")
         if "vs_softmax" in row and row["variant"] != REFERENCE:
             lines.append(f"{row['vs_softmax']:.2g}× faster than softmax")
     return lines
@@ -331,7 +387,7 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
     """Print one table per (dtype, mode), write op.csv and the log-log plots op_time.png, op_memory.png."""
     write_csv(out_dir / "op.csv", rows)
     sizes = sorted(settings.sizes)
-    labels = [FLOOR, MATMULS] + [spec.label for spec in settings.variants]
+    labels = [FLOOR, MATMULS] + [label for label, _, _ in labelled_variants(settings)]
     time_panels, memory_panels = [], []
     for dtype in settings.dtypes:
         for mode in settings.modes:
@@ -340,13 +396,15 @@ def report(rows: list[dict[str, Any]], settings: OpSettings, out_dir: Path) -> N
             title = f"op {MODES[mode]}, {dtype}, B={settings.batch}, C={settings.dim}, heads={settings.heads}"
             print_table(title, ["variant"] + [format_count(n) for n in sizes], table, DEFINITION)
             floor_label = "2×floor" if mode == "fwdbwd" else FLOOR
-            time_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "seconds", dashed={floor_label, MATMULS})
+            dashed = {floor_label, COPY_FLOOR, MATMULS}  # references, not variants
+            time_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "seconds", dashed=dashed)
             memory_panel = Panel(f"{MODES[mode]}, {dtype}", "tokens", "peak bytes above inputs")
             for row in mine.values():
                 if row["status"] != "ok":
                     continue
                 if row["variant"] == FLOOR:
                     time_panel.add(floor_label, row["tokens"], row["seconds"] * floor_passes(mode))
+                    time_panel.add(COPY_FLOOR, row["tokens"], row["copy_floor_seconds"])
                     continue
                 time_panel.add(row["variant"], row["tokens"], row["seconds"])
                 if row.get("peak_bytes"):
