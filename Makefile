@@ -11,7 +11,7 @@ CONSTRAINTS ?= constraints.txt
 EXTRAS := export,dev,tensorboard
 INSTALL_ARGS := $(TORCH_PINS) -e ".[$(EXTRAS)]"
 
-.PHONY: setup constraints train eval test lint bench clean
+.PHONY: setup constraints train eval test lint bench device-check clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +43,12 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m segattn.bench $(ARGS)
+
+# On a machine with a CUDA device: the CUDA tests and the GPU tables into docs/gpu/ (.ci/device-check), in
+# under 9 minutes. No `setup` prerequisite: it must run offline in an installed checkout.
+device-check:
+	test -x $(BIN)/python || { echo "device-check: no $(BIN)/python; run make setup first"; exit 1; }
+	PY=$(BIN)/python .ci/device-check
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -39,6 +39,7 @@ from segattn.layers import FUSED_ENV, KERNEL_ENV, kernel_backend
 KERNELS = load_kernels()
 
 DEVICE = torch.device("cpu" if KERNELS.INTERPRETED else "cuda")
+pytestmark = pytest.mark.usefixtures("exact_fp32")  # on a GPU, fp32 matmuls and convolutions without TF32
 BATCH, HEADS = 2, 2
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 EPS = 1e-6
