@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 from torch.utils.data import DataLoader
@@ -24,6 +25,7 @@ from ..data.datamodule import seg_collate
 from ..data.errors import DataError
 from ..data.raster import RasterLayout
 from . import report
+from .average_precision import AveragePrecisionMetric, class_ids
 from .metrics import SegmentationMetric
 from .predictors import Predictor, load_predictor
 from .rasters import score_rasters
@@ -95,27 +97,41 @@ def to_rgb(image: torch.Tensor, mean: list[float], std: list[float]) -> np.ndarr
     return (rgb * 255).clip(0, 255).round().astype(np.uint8)
 
 
+def resized(image: torch.Tensor, size: torch.Size) -> torch.Tensor:
+    """A [3, h, w] image at ``size`` (bilinear), so a reduced-resolution image lines up with its mask."""
+    if image.shape[-2:] == size:
+        return image
+    return F.interpolate(image[None], size, mode="bilinear", align_corners=False)[0]
+
+
 def score_loader(
     predict: Predictor,
     loader: DataLoader,
     metric: SegmentationMetric,
+    ap: AveragePrecisionMetric,
     info: dict[str, Any],
     num_examples: int,
     split: str,
 ) -> list[dict[str, Any]]:
-    """Add every batch of ``loader`` to ``metric``; returns the first ``num_examples`` images as examples."""
+    """Add every batch of ``loader`` to ``metric`` and ``ap``; returns the first ``num_examples`` images as
+    examples. Masks larger than their images (``data.downsample``) are scored at the masks' resolution,
+    the logits resized bilinearly to them, as validation does."""
     examples: list[dict[str, Any]] = []
     with Progress(transient=False) as bar:
         task = bar.add_task(f"evaluating {split}", total=len(loader.dataset))
         for batch in loader:
-            preds = predict(batch["image"])
+            logits = predict(batch["image"])
+            if logits.shape[-2:] != batch["mask"].shape[-2:]:
+                logits = F.interpolate(logits, batch["mask"].shape[-2:], mode="bilinear", align_corners=False)
+            preds, size = logits.argmax(dim=1), logits.shape[-2:]
             metric.update(preds, batch["mask"])
+            ap.update(logits.softmax(dim=1), batch["mask"])
             for index in range(len(preds)):
                 if len(examples) < num_examples:
                     examples.append(
                         {
                             "name": Path(str(batch["path"][index])).name,
-                            "rgb": to_rgb(batch["image"][index], info["mean"], info["std"]),
+                            "rgb": to_rgb(resized(batch["image"][index], size), info["mean"], info["std"]),
                             "mask": batch["mask"][index].numpy(),
                             "pred": preds[index].numpy(),
                         }
@@ -135,20 +151,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     datamodule = SegDataModule(**data)
     check_classes(datamodule, info, cfg)
     metric = SegmentationMetric(info["num_classes"], datamodule.ignore_index)
+    ap = AveragePrecisionMetric(
+        info["num_classes"],
+        datamodule.ignore_index,
+        bins=int(cfg.metrics.ap_bins),
+        mean_classes=class_ids(cfg.metrics.ap_mean_classes, datamodule.classes, "metrics.ap_mean_classes"),
+    )
     examples: list[dict[str, Any]] = []
     if isinstance(datamodule.source, RasterLayout):
         with Progress(transient=False) as bar:
             task = bar.add_task(f"evaluating {cfg.split} (rasters, strip by strip)", total=None)
             images = score_rasters(
-                model, info, datamodule.source, str(cfg.split), inference, metric,
+                model, info, datamodule.source, str(cfg.split), inference, metric, ap,
                 lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
             )  # fmt: skip
     else:
         loader = build_loader(datamodule, str(cfg.split), data)
         images = len(loader.dataset)
-        examples = score_loader(predict, loader, metric, info, int(cfg.num_examples), str(cfg.split))
+        examples = score_loader(predict, loader, metric, ap, info, int(cfg.num_examples), str(cfg.split))
     confusion = metric.confusion.numpy()
-    record = report.scores_record(metric.compute(), confusion, datamodule.classes)
+    record = report.scores_record({**metric.compute(), **ap.compute()}, confusion, datamodule.classes)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = describe_inference(inference)

@@ -1,4 +1,4 @@
-"""The model under evaluation as one function: normalised images [B, 3, H, W] -> class ids [B, H, W].
+"""The model under evaluation as one function: normalised images [B, 3, H, W] -> fp32 logits [B, K, H, W].
 
 A train.py checkpoint or an exported safetensors directory runs in torch through ``infer`` (exactly what
 validation runs); an ONNX export runs in onnxruntime through ``infer_numpy`` with the same window
@@ -23,11 +23,11 @@ Predictor = Callable[[Tensor], Tensor]
 
 
 def torch_predictor(model: Module, info: dict[str, Any], inference: dict[str, Any]) -> Predictor:
-    """``infer`` with the validation settings, argmax over classes, without autograd."""
+    """``infer`` with the validation settings, without autograd."""
 
     def predict(images: Tensor) -> Tensor:
         with torch.inference_mode():
-            return infer(model, images, info["num_classes"], **inference).argmax(dim=1)
+            return infer(model, images, info["num_classes"], **inference).float()
 
     return predict
 
@@ -56,7 +56,7 @@ def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple
             crop_batch_size=int(inference.get("crop_batch_size", 4)),
             flip=bool(inference.get("flip", False)),
         )
-        return torch.from_numpy(logits.argmax(axis=1))
+        return torch.from_numpy(logits).float()
 
     return predict, info
 

@@ -18,6 +18,7 @@ from ..data.raster import RasterLayout, read_labels
 from ..inference.raster import RasterImage, describe_window, raster_env
 from ..inference.raster_predict import raster_strips
 from ..inference.tiling import SlideSettings, default_stride
+from .average_precision import AveragePrecisionMetric
 from .metrics import SegmentationMetric
 
 
@@ -46,9 +47,10 @@ def score_rasters(
     split: str,
     inference: dict[str, Any],
     metric: SegmentationMetric,
+    ap: AveragePrecisionMetric,
     on_raster: Callable[[str], None] | None = None,
 ) -> int:
-    """Add every raster of ``split`` to ``metric``; returns how many rasters were scored."""
+    """Add every raster of ``split`` to ``metric`` and ``ap``; returns how many rasters were scored."""
     if model is None:
         raise ValueError(
             f"checkpoint={info.get('path')}: data=raster streams through torch; evaluate the checkpoint "
@@ -69,7 +71,9 @@ def score_rasters(
                     window = (row, row + logits.shape[1], 0, width)
                     where = f"{sample.mask} at {describe_window(window)}"
                     labels = sample.decoder(read_labels(sample.mask, window), where)
-                    metric.update(logits.argmax(dim=0), torch.from_numpy(labels))
+                    target = torch.from_numpy(labels)
+                    metric.update(logits.argmax(dim=0), target)
+                    ap.update(logits.float().softmax(dim=0)[None], target[None].long())
                     row = window[1]
             finally:
                 image.close()

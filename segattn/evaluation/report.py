@@ -13,7 +13,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .metrics import PER_CLASS_KEYS, SUMMARY_KEYS
+from .metrics import PER_CLASS_KEYS as IOU_PER_CLASS_KEYS
+from .metrics import SUMMARY_KEYS as IOU_SUMMARY_KEYS
+
+SUMMARY_KEYS = (*IOU_SUMMARY_KEYS, "mAP")  # mAP: AveragePrecisionMetric's mean over metrics.ap_mean_classes
+PER_CLASS_KEYS = (*IOU_PER_CLASS_KEYS, "AP")
 
 
 def finite_or_none(value: float) -> float | None:
@@ -22,11 +26,14 @@ def finite_or_none(value: float) -> float | None:
 
 
 def scores_record(scores: dict[str, Any], confusion: np.ndarray, classes: list[str]) -> dict[str, Any]:
-    """Summary scores and per-class scores (plus label pixel counts) as plain, JSON-ready values."""
+    """Summary scores and per-class scores (plus label pixel counts) as plain, JSON-ready values; the
+    average-precision keys only where ``scores`` has them."""
+    summary_keys = [key for key in SUMMARY_KEYS if key in scores]
+    per_class_keys = [key for key in PER_CLASS_KEYS if key in scores]
     return {
-        "summary": {key: finite_or_none(float(scores[key])) for key in SUMMARY_KEYS},
+        "summary": {key: finite_or_none(float(scores[key])) for key in summary_keys},
         "per_class": {
-            name: {key: finite_or_none(float(scores[key][index])) for key in PER_CLASS_KEYS}
+            name: {key: finite_or_none(float(scores[key][index])) for key in per_class_keys}
             | {"pixels": int(confusion[index].sum())}
             for index, name in enumerate(classes)
         },
@@ -34,17 +41,18 @@ def scores_record(scores: dict[str, Any], confusion: np.ndarray, classes: list[s
 
 
 def print_scores(record: dict[str, Any], title: str, console: Console | None = None) -> None:
-    """The mmseg-style per-class table (IoU, Acc, Dice, Precision, Recall) and the summary line."""
+    """The mmseg-style per-class table (IoU, Acc, Dice, Precision, Recall, AP) and the summary line."""
+    per_class_keys = list(next(iter(record["per_class"].values()), {}))[:-1]  # all but "pixels"
     table = Table(title=title, title_justify="left")
     table.add_column("class")
-    for key in PER_CLASS_KEYS:
+    for key in per_class_keys:
         table.add_column(key, justify="right")
     for name, values in record["per_class"].items():
-        table.add_row(name, *(_cell(values[key]) for key in PER_CLASS_KEYS))
+        table.add_row(name, *(_cell(values[key]) for key in per_class_keys))
     summary = Table(show_header=True)
-    for key in SUMMARY_KEYS:
+    for key in record["summary"]:
         summary.add_column(key, justify="right")
-    summary.add_row(*(_cell(record["summary"][key]) for key in SUMMARY_KEYS))
+    summary.add_row(*(_cell(value) for value in record["summary"].values()))
     console = console or Console()
     console.print(table)
     console.print(summary)
@@ -53,9 +61,10 @@ def print_scores(record: dict[str, Any], title: str, console: Console | None = N
 def write_per_class_csv(record: dict[str, Any], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["class", *PER_CLASS_KEYS, "pixels"])
+        per_class_keys = list(next(iter(record["per_class"].values()), {}))[:-1]  # all but "pixels"
+        writer.writerow(["class", *per_class_keys, "pixels"])
         for name, values in record["per_class"].items():
-            row = [_csv_cell(values[key]) for key in PER_CLASS_KEYS]
+            row = [_csv_cell(values[key]) for key in per_class_keys]
             writer.writerow([name, *row, values["pixels"]])
 
 

@@ -8,12 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
+import torch.nn.functional as F
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..checkpoints.resume import restore_rng_state, rng_state
+from ..evaluation.average_precision import AveragePrecisionMetric
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
 from ..parallel import band_forward
@@ -27,8 +29,10 @@ class SegmentationModule(pl.LightningModule):
     """Trains ``model`` (a Segmentor) with ``criterion``; validates and tests with ``infer(**inference)``.
 
     ``data_info`` ({name, classes, palette, ignore_index, mean, std}) is stored in checkpoints next to
-    ``model.config`` so the model can be rebuilt and used from the checkpoint alone. ``compile_network``
-    (``model.compile``) compiles the network in place once, before training (``Segmentor.compile``).
+    ``model.config`` so the model can be rebuilt and used from the checkpoint alone. ``average_precision``
+    ({bins, mean_classes}: ``AveragePrecisionMetric``'s options) sets the per-class AP scored beside IoU.
+    ``compile_network`` (``model.compile``) compiles the network in place once, before training
+    (``Segmentor.compile``).
     """
 
     def __init__(
@@ -40,6 +44,7 @@ class SegmentationModule(pl.LightningModule):
         data_info: dict[str, Any],
         inference: dict[str, Any] | None = None,
         compile_network: bool = False,
+        average_precision: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -50,6 +55,9 @@ class SegmentationModule(pl.LightningModule):
         self.inference = dict(inference or {})
         self.val_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
         self.test_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
+        ap_options = {"ignore_index": data_info["ignore_index"], **(average_precision or {})}
+        self.val_ap = AveragePrecisionMetric(model.num_classes, **ap_options)
+        self.test_ap = AveragePrecisionMetric(model.num_classes, **ap_options)
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
         self.test_scores: dict[str, Any] = {}  # the latest test's scores, read by the run summary
         self.compile_network = compile_network
@@ -96,15 +104,19 @@ class SegmentationModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
         """Full-resolution prediction (whole image or sliding window); only pixel counts are kept."""
-        return self.score_batch(batch, self.val_metric)
+        return self.score_batch(batch, self.val_metric, self.val_ap)
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
         """The test split, predicted and scored exactly as validation is."""
-        return self.score_batch(batch, self.test_metric)
+        return self.score_batch(batch, self.test_metric, self.test_ap)
 
-    def score_batch(self, batch: dict[str, Any], metric: SegmentationMetric) -> dict[str, Tensor]:
+    def score_batch(
+        self, batch: dict[str, Any], metric: SegmentationMetric, ap: AveragePrecisionMetric
+    ) -> dict[str, Tensor]:
         """Predict and count; under ``trainer=spatial`` each process predicts and counts its band of each
-        whole image, and the counts add up over all processes as data-parallel counts do."""
+        whole image, and the counts add up over all processes as data-parallel counts do. Masks larger
+        than the images (a dataset read at reduced resolution, ``data.downsample``) are scored at their
+        own resolution: the logits are resized bilinearly to the mask first."""
         group = band_group_of(self._trainer)
         if group is not None:
             batch = share_batch(batch, group)
@@ -114,25 +126,33 @@ class SegmentationModule(pl.LightningModule):
         else:
             logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
             masks, start = batch["mask"], 0
+            if logits.shape[-2:] != masks.shape[-2:]:
+                logits = F.interpolate(logits, masks.shape[-2:], mode="bilinear", align_corners=False)
         preds = logits.argmax(dim=1)
         metric.update(preds, masks)
+        ap.update(logits.float().softmax(dim=1), masks)
         return {"preds": preds, "band_start": start}
 
     def on_validation_epoch_end(self) -> None:
-        self.val_scores = self.log_scores(self.val_metric, "val")
+        self.val_scores = self.log_scores(self.val_metric, self.val_ap, "val")
 
     def on_test_epoch_end(self) -> None:
-        self.test_scores = self.log_scores(self.test_metric, "test")
+        self.test_scores = self.log_scores(self.test_metric, self.test_ap, "test")
 
-    def log_scores(self, metric: SegmentationMetric, prefix: str) -> dict[str, Any]:
-        """Log ``<prefix>/mIoU`` etc., reset ``metric``, and return the scores with per-class dicts."""
-        scores = metric.compute()  # summed over all ranks
+    def log_scores(
+        self, metric: SegmentationMetric, ap: AveragePrecisionMetric, prefix: str
+    ) -> dict[str, Any]:
+        """Log ``<prefix>/mIoU`` etc. and ``<prefix>/mAP``, reset both metrics, and return the scores with
+        per-class dicts."""
+        scores = {**metric.compute(), **ap.compute()}  # summed over all ranks
         metric.reset()
-        self.log_dict({f"{prefix}/{name}": scores[name].float() for name in SUMMARY_KEYS})
+        ap.reset()
+        summary_keys, per_class_keys = (*SUMMARY_KEYS, "mAP"), (*PER_CLASS_KEYS, "AP")
+        self.log_dict({f"{prefix}/{name}": scores[name].float() for name in summary_keys})
         classes = self.data_info["classes"]
         return {
-            **{name: scores[name].item() for name in SUMMARY_KEYS},
-            **{name: dict(zip(classes, scores[name].tolist(), strict=True)) for name in PER_CLASS_KEYS},
+            **{name: scores[name].item() for name in summary_keys},
+            **{name: dict(zip(classes, scores[name].tolist(), strict=True)) for name in per_class_keys},
         }
 
     def configure_optimizers(self) -> dict[str, Any]:

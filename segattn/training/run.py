@@ -29,6 +29,7 @@ from ..config import check_config
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..data.errors import DataError
+from ..evaluation.average_precision import class_ids
 from ..models import build_model
 from .callbacks import WandbValidationPanel
 from .fsdp import FullyShardedStrategy
@@ -130,6 +131,12 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         data_info=data_info,
         inference=plain(cfg.validation),
         compile_network=compile_network,
+        average_precision={
+            "bins": int(cfg.metrics.ap_bins),
+            "mean_classes": class_ids(
+                cfg.metrics.ap_mean_classes, datamodule.classes, "metrics.ap_mean_classes"
+            ),
+        },
     )
 
 

@@ -16,9 +16,13 @@ from .callbacks import wandb_logger
 
 
 def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) -> dict[str, Any]:
-    """Run dir, best / last checkpoints, W&B run dir, and the final validation scores (percent)."""
+    """Run dir, best / last checkpoints, W&B run dir, and the final validation scores (percent).
+    ``best_score`` is the best value of ``monitor`` (the checkpoint callback's; ``val/mIoU`` by default),
+    ``best_mIoU`` the same value when that is what is monitored."""
     checkpoint = trainer.checkpoint_callback
     best_score = getattr(checkpoint, "best_model_score", None)
+    best_score = None if best_score is None else float(best_score)
+    monitor = getattr(checkpoint, "monitor", None)
     logger = wandb_logger(trainer)
     wandb_dir = (
         str(Path(logger.experiment.dir).parent) if logger is not None and trainer.is_global_zero else None
@@ -27,7 +31,9 @@ def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) ->
         "run_dir": str(run_dir),
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,
-        "best_mIoU": None if best_score is None else float(best_score),
+        "monitor": monitor,
+        "best_score": best_score,
+        "best_mIoU": best_score if monitor == "val/mIoU" else None,
         "best_checkpoint": getattr(checkpoint, "best_model_path", "") or None,
         "last_checkpoint": getattr(checkpoint, "last_model_path", "") or None,
         "wandb_dir": wandb_dir,
@@ -42,7 +48,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     table.add_column(overflow="fold")  # long paths wrap instead of being cut
     final = summary["final"]
     rows = [
-        ("best val/mIoU", _percent(summary["best_mIoU"])),
+        (f"best {summary.get('monitor') or 'val/mIoU'}", _percent(summary.get("best_score"))),
         (
             "final mIoU / mAcc / aAcc",
             " / ".join(_percent(final.get(key)) for key in ("mIoU", "mAcc", "aAcc")),

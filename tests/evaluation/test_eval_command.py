@@ -57,6 +57,7 @@ def test_eval_reproduces_the_validation_loop_and_writes_its_report(trained, tmp_
     final = trained["final"]
     assert payload["summary"]["mIoU"] == final["mIoU"]
     assert payload["summary"]["aAcc"] == final["aAcc"]
+    assert payload["summary"]["mAP"] == final["mAP"]  # the same probability histograms
     iou = {name: math.nan if v["IoU"] is None else v["IoU"] for name, v in payload["per_class"].items()}
     assert same_scores(iou, final["IoU"])
     # The dataset came from the checkpoint: synthetic at 32x32 with its 4 val images, not the defaults.
