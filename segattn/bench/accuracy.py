@@ -17,6 +17,7 @@ variant) and ``accuracy.png`` (mIoU against time per step, marker area = peak me
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from .maxres import MaxresSettings, find_maxres
 from .measure import total_memory_budget
 from .model import ModelSettings, measure_memory, time_steps
 from .report import console, format_bytes, format_seconds, print_table, progress, write_csv
+from .resolution import average_precision_markdown, plot_resolution
 from .specs import Spec, parse_spec
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # where this segattn is imported from
@@ -57,12 +59,27 @@ class AccuracySettings:
     only: str | None = None  # "train", "costs" or "table" (of the finished runs): one phase; None: all
 
 
-def default_variants(smoke: bool) -> list[str]:
+IDRID_ARMS = [
+    "flatten",
+    *[f"flatten:label=flatten-x{factor}:data.downsample={factor}" for factor in (2, 4, 8)],
+    "sra",
+    # softmax without reduction at the largest crop whose training step costs what flatten's 512² one does
+    "softmax:label=softmax-320:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]:validation.crop_size=[320,320]"
+    ":validation.stride=[320,320]",
+    "linear",
+    "litemla:label=efficientvit-litemla:model=efficientvit",
+]
+
+
+def default_variants(smoke: bool, experiment: str = "") -> list[str]:
     """PVT's softmax without and with its own spatial reduction (``sra``: 8/4/2/1), then the linear ones;
     Linformer at the 128² training crop (1,024 stage-1 tokens), which also bounds its evaluation; then
-    the 2023-25 ones (Agent Attention, PolaFormer, EfficientViT's LiteMLA) at full resolution."""
+    the 2023-25 ones (Agent Attention, PolaFormer, EfficientViT's LiteMLA) at full resolution. For the
+    IDRiD experiments (``idrid_*``) the arms of the resolution table instead (``IDRID_ARMS``)."""
     if smoke:
         return ["sra", "linear"]
+    if experiment.startswith("idrid"):
+        return list(IDRID_ARMS)
     return [
         *["softmax:sr_ratios=[1,1,1,1]", "sra", "efficient", "linear", "taylor", "flatten"],
         *["performer", "nystrom", "linformer:max_tokens=1024"],
@@ -97,11 +114,32 @@ def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
     return Recipe(Spec(name, options, label), int(cfg.data.batch_size), crop[0])
 
 
+CONFIG_GROUPS = ("model", "data", "loss", "optimizer", "scheduler", "trainer", "validation", "metrics")
+
+
+def is_run_override(key: str) -> bool:
+    """Whether a spec option is a plain Hydra override of the run (``data.downsample``, ``model``) rather
+    than an option of the attention or the model."""
+    return "." in key or key in CONFIG_GROUPS
+
+
+def run_overrides(variant: Spec) -> list[str]:
+    """The spec's plain Hydra overrides: ``data.downsample=4``, ``model=efficientvit``."""
+    return [
+        f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+        for key, value in variant.options.items()
+        if is_run_override(key)
+    ]
+
+
 def spec_overrides(variant: Spec) -> list[str]:
-    """``attention=<name>`` plus each option as an attention or a model override (``sr_ratios`` is PVT's)."""
+    """``attention=<name>`` plus each option as an attention or a model override (``sr_ratios`` is PVT's),
+    or as itself where it names a config key or group (``run_overrides``)."""
     accepted = set(attention_options(variant.name))
-    overrides = [f"attention={variant.name}"]
+    overrides = [f"attention={variant.name}", *run_overrides(variant)]
     for key, value in variant.options.items():
+        if is_run_override(key):
+            continue
         key = f"++attention.options.{key}" if key in accepted else f"model.{key}"
         overrides.append(f"{key}={json.dumps(value)}")
     if not attention_class(variant.name).onnx_dynamic:
@@ -157,10 +195,11 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
 
 
 def finished_row(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """A finished run's columns of ``accuracy.csv``: its test scores, steps and training time."""
+    """A finished run's columns of ``accuracy.csv``: its test scores (with average precision and the
+    per-class AP and IoU where the run scored them), steps and training time."""
     seconds_file = run_dir / "train_seconds.txt"
     test = summary["test"]
-    return {
+    row = {
         "status": "ok",
         "test_mIoU": test["mIoU"],
         "test_mAcc": test["mAcc"],
@@ -170,6 +209,15 @@ def finished_row(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         "train_seconds": float(seconds_file.read_text()) if seconds_file.is_file() else None,
         "note": "",
     }
+    if "mAP" in test:
+        row |= {
+            "test_mAP": test["mAP"],
+            "best_val": summary.get("best_score"),
+            "monitor": summary.get("monitor"),
+        }
+        row |= {f"test_AP_{name}": value for name, value in test["AP"].items()}
+        row |= {f"test_IoU_{name}": value for name, value in test["IoU"].items()}
+    return row
 
 
 def finished_runs(settings: AccuracySettings, out_dir: Path) -> list[dict[str, Any]]:
@@ -232,32 +280,49 @@ def write_costs(path: Path, costs: dict[str, Any]) -> None:
     atomic_write(path, lambda handle: handle.write((json.dumps(costs, indent=2) + "\n").encode()))
 
 
+def arm_recipe(settings: AccuracySettings, variant: Spec) -> tuple[Recipe, Spec]:
+    """The network, batch and crop one arm trains with (the experiment under the arm's own run overrides:
+    another model, crop or scale), and the arm as a ``bench model`` variant (its other options)."""
+    recipe = read_recipe(settings.experiment, [*settings.overrides, *run_overrides(variant)])
+    options = {key: value for key, value in variant.options.items() if not is_run_override(key)}
+    return recipe, Spec(variant.name, options, variant.label)
+
+
 def measure_costs(
     settings: AccuracySettings, recipe: Recipe, device: torch.device, out_dir: Path
 ) -> dict[str, dict]:
-    """Per variant: training-step seconds and peak memory at the experiment's batch and crop, and the
-    largest trainable square image at batch 1 within the maxres budget; reused from ``costs.json``."""
+    """Per variant: training-step seconds and peak memory at its batch and crop, and the largest trainable
+    square image at batch 1 within the maxres budget; reused from ``costs.json``. Arms that train the same
+    network at the same batch and crop are timed together (round-robin), so their ratios are fair."""
     path = out_dir / COSTS_FILE
     stored = read_costs(path, cost_settings(settings, recipe, device))
     labels = [variant.label for variant in settings.variants]
-    if not all(label in stored["steps"] for label in labels):  # timed together, so ratios are fair
+    groups: dict[str, tuple[Recipe, list[Spec]]] = {}
+    for variant in settings.variants:
+        arm, spec = arm_recipe(settings, variant) if run_overrides(variant) else (recipe, variant)
+        key = json.dumps([arm.model.label, arm.model.options, arm.batch, arm.crop], sort_keys=True)
+        groups.setdefault(key, (arm, []))[1].append(spec)
+    for arm, specs in groups.values():
+        if all(spec.label in stored["steps"] for spec in specs):
+            continue
         model_settings = ModelSettings(
-            models=[recipe.model],
-            variants=settings.variants,
-            image_sizes=[recipe.crop],
+            models=[arm.model],
+            variants=specs,
+            image_sizes=[arm.crop],
             dtypes=["fp32"],
-            batch=recipe.batch,
+            batch=arm.batch,
             repeats=settings.repeats,
             max_step_seconds=float("inf"),
             clock=settings.clock,
         )
         rows = time_steps(model_settings, device)
         measure_memory(rows, model_settings, device)
-        stored["steps"] = {
-            row["variant"]: {"step_seconds": row.get("seconds"), "peak_bytes": row.get("peak_bytes")}
-            for row in rows
-            if row["status"] == "ok"
-        }
+        for row in rows:
+            if row["status"] == "ok":
+                stored["steps"][row["variant"]] = {
+                    "step_seconds": row.get("seconds"),
+                    "peak_bytes": row.get("peak_bytes"),
+                }
         write_costs(path, stored)
     if settings.maxres_budget_gib:
         budget = int(settings.maxres_budget_gib * (1 << 30))
@@ -288,27 +353,46 @@ def measure_costs(
     }
 
 
+def mean_or_none(values: list[float | None]) -> float | None:
+    """The mean of the defined values (NaN and None left out), None without any."""
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(kept) if kept else None
+
+
 def summarize(
     runs: list[dict[str, Any]], costs: dict[str, dict[str, Any]], variants: list[Spec]
 ) -> list[dict]:
-    """One row per variant: mean and spread of test mIoU over seeds, and the costs."""
+    """One row per variant: mean and spread of test mIoU (and mAP, where scored) over seeds, the mean of
+    each per-class column, and the costs."""
     table = []
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant.label and r["status"] == "ok"]
         scores = [r["test_mIoU"] for r in mine]
         row: dict[str, Any] = {"variant": variant.label, "seeds": len(scores)}
+        row["attention"] = variant.name
+        row["downsample"] = int(variant.options.get("data.downsample", 1))
+        row["monitor"] = mine[0].get("monitor") if mine else None
         row["test_mIoU_mean"] = statistics.fmean(scores) if scores else None
         row["test_mIoU_std"] = statistics.stdev(scores) if len(scores) > 1 else None
         row["test_mIoU_runs"] = " ".join(f"{s:.2f}" for s in scores)
         row["test_mAcc_mean"] = statistics.fmean(r["test_mAcc"] for r in mine) if mine else None
+        average_precision = [
+            r["test_mAP"] for r in mine if r.get("test_mAP") is not None and not math.isnan(r["test_mAP"])
+        ]
+        if average_precision:
+            row["test_mAP_mean"] = statistics.fmean(average_precision)
+            row["test_mAP_std"] = statistics.stdev(average_precision) if len(average_precision) > 1 else None
+            row["test_mAP_runs"] = " ".join(f"{s:.2f}" for s in average_precision)
+        per_class = [key for key in (mine[0] if mine else {}) if key.startswith(("test_AP_", "test_IoU_"))]
+        row |= {f"{key}_mean": mean_or_none([r.get(key) for r in mine]) for key in per_class}
         times = [r["train_seconds"] for r in mine if r.get("train_seconds")]
         row["train_minutes_mean"] = statistics.fmean(times) / 60 if times else None
         table.append(row | costs.get(variant.label, {}))
     return table
 
 
-def markdown(table: list[dict[str, Any]], budget_text: str) -> str:
-    """The README table."""
+def miou_markdown(table: list[dict[str, Any]], budget_text: str) -> str:
+    """The README table of test mIoU against cost."""
     lines = [
         "| variant | test mIoU (mean ± std) | runs | s/step | peak memory / step | "
         f"largest image, batch 1, {budget_text} |",
@@ -324,6 +408,14 @@ def markdown(table: list[dict[str, Any]], budget_text: str) -> str:
             f"| `{row['variant']}` | {score} | {row['test_mIoU_runs']} | {step} | {peak} | {maxres} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def markdown(table: list[dict[str, Any]], budget_text: str) -> str:
+    """The README table: by average precision where the runs kept their best checkpoint by it (monitor
+    ``val/mAP``), else by mIoU."""
+    if any(row.get("monitor") == "val/mAP" for row in table):
+        return average_precision_markdown(table)
+    return miou_markdown(table, budget_text)
 
 
 def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -389,15 +481,21 @@ def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list
         f"step cost at batch {recipe.batch}, {recipe.crop}² crops; marker area ∝ peak memory"
     )
     plot(table, out_dir / "accuracy.png", title)
+    plots = f"plot {out_dir / 'accuracy.png'}"
+    if any(row["downsample"] > 1 for row in table):
+        plot_resolution(
+            table, out_dir / "resolution.png", f"{settings.experiment}, {len(settings.seeds)} seed(s)"
+        )
+        plots += f", {out_dir / 'resolution.png'}"
     caption = (
-        f"experiment={settings.experiment}; test mIoU of each run's best checkpoint; s/step and peak "
-        f"memory of one fp32 training step at batch {recipe.batch}, {recipe.crop}² (fresh process for "
-        "the peak); largest image from maxres probes"
+        f"experiment={settings.experiment}; test scores of each run's best checkpoint; s/step and peak "
+        f"memory of one fp32 training step at each arm's batch and crop (fresh process for the peak)"
     )
-    columns = ["variant", "test mIoU", "runs", "s/step", "peak", "largest image"]
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()[2:]]
+    lines = text.split("\n\n")[0].splitlines()
+    columns = [cell.strip() for cell in lines[0].strip().strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[2:]]
     print_table("accuracy", columns, rows, caption)
-    console.print(f"accuracy: table {out_dir / 'accuracy.md'}, plot {out_dir / 'accuracy.png'}")
+    console.print(f"accuracy: table {out_dir / 'accuracy.md'}, {plots}")
     if failed:
         names = ", ".join(Path(r["run_dir"]).name for r in failed)
         raise SystemExit(f"bench accuracy: {len(failed)} run(s) failed: {names}; rerun the command to retry")

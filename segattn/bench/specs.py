@@ -39,7 +39,8 @@ def compile_options() -> dict[str, Any]:
 
 
 def parse_spec(text: str) -> Spec:
-    """``flatten`` or ``linear:feature_map=relu:eps=1e-4``; values are read as YAML scalars/lists."""
+    """``flatten`` or ``linear:feature_map=relu:eps=1e-4``; values are read as YAML scalars/lists. A
+    ``label=<text>`` option names the spec in tables and run directories instead of its whole text."""
     name, *pairs = text.split(":")
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -51,7 +52,8 @@ def parse_spec(text: str) -> Spec:
         options[key] = yaml.safe_load(value)
     if not name:
         raise ValueError(f"spec {text!r} has no name before the options")
-    return Spec(name, options, text)
+    label = options.pop("label", text)
+    return Spec(name, options, str(label))
 
 
 def parse_count(text: str) -> int:

@@ -21,6 +21,7 @@ from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     WorkerSeeder,
+    as_hw,
     build_eval_transform,
     build_train_transform,
     reseed_transform,
@@ -30,15 +31,18 @@ from .transforms import (
 
 def seg_collate(batch: list[dict[str, Any]], ignore_index: int = IGNORE_INDEX) -> dict[str, Any]:
     """Stack items, padding smaller ones at the bottom/right: images with 0 (the mean colour after
-    normalisation), masks with ``ignore_index`` so padding never counts as a class."""
+    normalisation), masks with ``ignore_index`` so padding never counts as a class. Images and masks are
+    padded each to their own largest size: masks may be larger (``data.downsample``'s evaluation items)."""
     H = max(item["image"].shape[1] for item in batch)
     W = max(item["image"].shape[2] for item in batch)
+    mask_h = max(item["mask"].shape[0] for item in batch)
+    mask_w = max(item["mask"].shape[1] for item in batch)
     images = torch.zeros(len(batch), 3, H, W, dtype=batch[0]["image"].dtype)
-    masks = torch.full((len(batch), H, W), ignore_index, dtype=torch.long)
+    masks = torch.full((len(batch), mask_h, mask_w), ignore_index, dtype=torch.long)
     for i, item in enumerate(batch):
         _, h, w = item["image"].shape
         images[i, :, :h, :w] = item["image"]
-        masks[i, :h, :w] = item["mask"]
+        masks[i, : item["mask"].shape[0], : item["mask"].shape[1]] = item["mask"]
     return {"image": images, "mask": masks, "path": [item["path"] for item in batch]}
 
 
@@ -69,6 +73,8 @@ class SegDataModule(pl.LightningDataModule):
         ratio_range: Sequence[float] = (0.5, 2.0),
         cat_max_ratio: float = 0.75,
         hflip: float = 0.5,
+        vflip: float = 0.0,
+        rotate: float = 0.0,
         photometric: bool = True,
         eval_short_side: int | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
@@ -100,9 +106,12 @@ class SegDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
         self.validate = validate
+        self.crop_size, self.ratio_range = as_hw(crop_size), list(ratio_range)
+        self.reads_windows = bool(getattr(self.source, "reads_windows", False))  # crops read as windows
         self.train_transform = build_train_transform(
-            crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std, self.ignore_index
-        )
+            crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,
+            self.ignore_index, vflip, rotate, cropped=self.reads_windows,
+        )  # fmt: skip
         self.eval_transform = build_eval_transform(eval_short_side, mean, std)
         self.datasets: dict[str, SegDatasetBase] = {}
         self.train_position = EpochPosition()  # saved in checkpoints: a preempted run resumes mid-epoch
@@ -120,7 +129,12 @@ class SegDataModule(pl.LightningDataModule):
                 continue
             transform = self.train_transform if role == "train" else self.eval_transform
             try:
-                self.datasets[role] = self.source.dataset(self.splits[role], transform)
+                if role == "train" and self.reads_windows:
+                    self.datasets[role] = self.source.window_dataset(
+                        self.splits[role], transform, self.crop_size, self.ratio_range
+                    )
+                else:
+                    self.datasets[role] = self.source.dataset(self.splits[role], transform)
             except DataError as err:
                 if not self.validate:
                     raise

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import FileLayout, Sample
+from .base import FileLayout, Sample, SegDatasetBase, Transform
+from .decoded import DecodedCache
 from .errors import DataError
 from .labels import Color, ColorMap, LabelMap, pascal_colormap
 from .readers import IMAGE_SUFFIXES
+from .windows import ReducedDataset, WindowCropDataset
 
 
 def read_classes_json(path: Path) -> tuple[list[str], list[Color] | None, Color | None]:
@@ -51,6 +53,11 @@ class FolderLayout(FileLayout):
 
     Masks are index PNGs (value = class, 255 = ignore; ``mask_values`` remaps raw values) or, with
     ``mask_format="color"``, colour PNGs mapped through the classes.json palette.
+
+    Large images: with ``cache_dir`` each image and mask is decoded once into memory-mapped arrays
+    (``decoded.DecodedCache``) and training reads crop windows from them (``windows.WindowCropDataset``,
+    a ``foreground_prob`` share centred on a class other than ``background_class``). ``downsample`` = f
+    > 1 trains and predicts on images shrunk f times (area averaging) and scores at full resolution.
     """
 
     name = "folder"
@@ -67,8 +74,20 @@ class FolderLayout(FileLayout):
         mask_format: str = "index",
         mask_values: dict[int, int] | None = None,
         mask_suffix: str = "",
+        cache_dir: str | Path | None = None,
+        downsample: int = 1,
+        foreground_prob: float = 0.0,
+        background_class: int = 0,
     ):
         super().__init__(root)
+        if not isinstance(downsample, int) or downsample < 1:
+            raise ValueError(f"data.downsample={downsample!r}; expected an integer >= 1 (1: full resolution)")
+        if not 0.0 <= foreground_prob <= 1.0:
+            raise ValueError(f"data.foreground_prob={foreground_prob!r}; expected a probability in [0, 1]")
+        self.cache = DecodedCache(cache_dir)
+        self.downsample, self.foreground_prob = downsample, float(foreground_prob)
+        self.background_class = background_class
+        self.reads_windows = cache_dir is not None or downsample > 1
         names, colors, ignore_color = self._read_classes(classes)
         self.classes = names
         self.palette = colors or pascal_colormap(len(names))
@@ -106,6 +125,26 @@ class FolderLayout(FileLayout):
                 f"{self.ignore_index} (ignore)"
             )
         return LabelMap(mapping, self.name, self.ignore_index, check_binary=False)
+
+    def dataset(self, split: str, transform: Transform | None = None) -> SegDatasetBase:
+        """Evaluation items; read through the cache, at ``downsample``, when windows are read."""
+        dataset = super().dataset(split, transform)
+        if not self.reads_windows:
+            return dataset
+        return ReducedDataset(
+            dataset.samples, self.classes, self.palette, dataset.transform, self.cache, self.downsample,
+            self.ignore_index,
+        )  # fmt: skip
+
+    def window_dataset(
+        self, split: str, transform: Transform, crop_size: tuple[int, int], ratio_range: list[float]
+    ) -> WindowCropDataset:
+        """Training items: ``transform`` after a window crop (see the class docstring)."""
+        samples = super().dataset(split, transform).samples  # the same checks as every split
+        return WindowCropDataset(
+            samples, self.classes, self.palette, transform, self.cache, crop_size, self.downsample,
+            ratio_range, self.foreground_prob, self.background_class, self.ignore_index,
+        )  # fmt: skip
 
     def samples(self, split: str) -> list[Sample]:
         root = self.require_dir(self.root)
@@ -197,3 +236,18 @@ class CamVidLayout(FolderLayout):
         images, masks = files_by_stem(image_dir), files_by_stem(mask_dir)
         decoder = self.segnet_decoder
         return [Sample(images[s], masks.get(s, mask_dir / f"{s}.png"), decoder) for s in sorted(images)]
+
+
+IDRID_CLASSES = (
+    ["background", "microaneurysms", "haemorrhages", "hard_exudates", "soft_exudates", "optic_disc"],
+    [(0, 0, 0), (255, 0, 0), (0, 255, 0), (255, 255, 0), (0, 0, 255), (255, 0, 255)],
+)
+
+
+class IDRiDLayout(FolderLayout):
+    """IDRiD lesion segmentation (part A) converted to the folder layout: images/<split>/IDRiD_NN.jpg and
+    masks/<split>/IDRiD_NN.png (value = class id), background plus four lesion types and the optic disc;
+    its classes.json, when present, names them the same way."""
+
+    name = "idrid"
+    default_classes = IDRID_CLASSES

@@ -9,7 +9,7 @@ from typing import Any
 from .ade20k import ADE20KLayout
 from .base import DataSource, SegDatasetBase, Transform
 from .cityscapes import CityscapesLayout
-from .folder import CamVidLayout, FolderLayout
+from .folder import CamVidLayout, FolderLayout, IDRiDLayout
 from .raster import RasterLayout
 from .synthetic import SyntheticSource
 from .voc import VOCLayout
@@ -18,6 +18,7 @@ DATASET_REGISTRY: dict[str, type[DataSource]] = {
     "synthetic": SyntheticSource,
     "camvid": CamVidLayout,
     "folder": FolderLayout,
+    "idrid": IDRiDLayout,
     "ade20k": ADE20KLayout,
     "cityscapes": CityscapesLayout,
     "voc": VOCLayout,

@@ -1,7 +1,9 @@
 """Albumentations pipelines: mmseg-style training augmentation and full-resolution (or short-side) eval.
 
-Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip → photometric distortion →
-Normalize → pad to the crop size (image 0, i.e. the mean colour after normalisation; mask ignore index).
+Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip (→ VerticalFlip → Rotate, when set) →
+photometric distortion → Normalize → pad to the crop size (image 0, i.e. the mean colour after
+normalisation; mask ignore index). Datasets that read crop windows themselves (``windows.py``) get the same
+pipeline without the resize and the crop.
 Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values;
 OpenCV's INTER_NEAREST_EXACT samples at pixel centres like INTER_LINEAR (plain INTER_NEAREST is shifted by
 up to half a source pixel, which misaligns masks when downscaling).
@@ -128,15 +130,27 @@ def build_train_transform(
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
     ignore_index: int = IGNORE_INDEX,
+    vflip: float = 0.0,
+    rotate: float = 0.0,
+    cropped: bool = False,
 ) -> A.Compose:
-    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares)."""
+    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares). ``rotate``: the
+    largest angle in degrees of a random rotation (half the items; corners filled with 0 and the ignore
+    index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no crop)."""
     h, w = as_hw(crop_size)
     steps: list[Any] = []
-    if base_size is not None or tuple(ratio_range) != (1.0, 1.0):
+    if not cropped and (base_size is not None or tuple(ratio_range) != (1.0, 1.0)):
         steps.append(RandomResize(ratio_range, base_size))
-    steps.append(CatMaxRatioCrop(h, w, cat_max_ratio, ignore_index))
+    if not cropped:
+        steps.append(CatMaxRatioCrop(h, w, cat_max_ratio, ignore_index))
     if hflip > 0:
         steps.append(A.HorizontalFlip(p=hflip))
+    if vflip > 0:
+        steps.append(A.VerticalFlip(p=vflip))
+    if rotate > 0:
+        steps.append(
+            A.Rotate(limit=rotate, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index, p=0.5)
+        )
     if photometric:
         # mmseg PhotoMetricDistortion ranges: brightness ±32/255, contrast and saturation 0.5..1.5, hue ±18°
         steps.append(A.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.1, p=0.5))

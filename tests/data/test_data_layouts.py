@@ -167,7 +167,7 @@ def test_empty_split_is_an_error(tmp_path):
 
 def test_unknown_names_and_options_list_the_valid_ones():
     with pytest.raises(
-        ValueError, match="expected one of: ade20k, camvid, cityscapes, folder, raster, synthetic, voc"
+        ValueError, match="expected one of: ade20k, camvid, cityscapes, folder, idrid, raster, synthetic, voc"
     ):
         build_source("kitti", "x")
     with pytest.raises(ValueError, match=r"no option\(s\) \['aug'\]; its options are: classes, mask_format"):

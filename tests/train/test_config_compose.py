@@ -66,6 +66,9 @@ def test_group_option_composes(group, option, tmp_path):
 def test_experiment_composes(name, tmp_path):
     cfg = resolved(compose_config([f"experiment={name}", f"paths.output_dir={tmp_path}"]))
     defaults = OmegaConf.load(CONF / "experiment" / f"{name}.yaml").defaults
+    while not any("override /data" in entry for entry in defaults if not isinstance(entry, str)):
+        base = next(entry for entry in defaults if isinstance(entry, str))  # a recipe it builds on
+        defaults = OmegaConf.load(CONF / "experiment" / f"{base}.yaml").defaults
     dataset = next(entry["override /data"] for entry in defaults if "override /data" in entry)
     assert cfg["data"]["name"] == dataset
     assert cfg["model"]["name"] == "pvt" and cfg["attention"]["name"] == "flatten"

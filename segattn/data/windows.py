@@ -1,0 +1,149 @@
+"""Training crops read as windows of decoded large images, centred on foreground part of the time.
+
+For images far larger than a training crop, the crop is chosen first and only its window is read (from
+``DecodedCache``'s memory maps) and resized; the image is never decoded or rescaled whole for a step.
+
+How a crop is drawn, per item:
+1. a scale r from ``ratio_range`` (the crop shows crop_size / r pixels of the cached image, resized by r);
+2. with probability ``foreground_prob``, a class drawn uniformly among the classes other than
+   ``background`` present in the image, then one of that class's pixels (``DecodedCache.positions``); the
+   window is placed so that this pixel lands at a uniformly random spot inside it. Otherwise the window is
+   placed uniformly at random;
+3. the window is clipped to the image; what is missing is padded by the transform (image 0, mask ignore).
+
+Why: lesions such as IDRiD's microaneurysms are 0.1 % of the pixels and the black border outside the eye
+is a third of the image, so uniform crops are almost all background and a rare class reaches few steps.
+Drawing the class first, then a pixel (the foreground oversampling of nnU-Net), gives every lesion type
+the same share of the foreground crops however few pixels it has; the uniform rest keeps the background
+(border, vessels, optic disc surroundings) in proportion, so the model does not learn that every crop
+holds a lesion.
+
+The randomness comes from the transform's Python RNG (``A.Compose.py_random``), which the DataModule
+seeds per worker and rank (``transforms.reseed_transform``): crops and augmentations share one stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from .base import Sample, SegDatasetBase, Transform
+from .decoded import DecodedCache
+from .labels import IGNORE_INDEX, Color
+
+
+class WindowCropDataset(SegDatasetBase):
+    """Training items: random (foreground-centred part of the time) crops of cached, optionally shrunk
+    images, followed by ``transform`` (flips, rotation, colour, normalisation, padding to the crop)."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        classes: list[str],
+        palette: list[Color],
+        transform: Transform,
+        cache: DecodedCache,
+        crop_size: tuple[int, int],
+        factor: int = 1,
+        ratio_range: Sequence[float] = (1.0, 1.0),
+        foreground_prob: float = 0.5,
+        background: int = 0,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        if not 0.0 <= foreground_prob <= 1.0:
+            raise ValueError(f"data.foreground_prob={foreground_prob}; expected a probability in [0, 1]")
+        self.samples, self.classes, self.palette = samples, list(classes), list(palette)
+        self.transform, self.cache, self.factor = transform, cache, factor
+        self.crop_size = crop_size
+        self.ratio_range = (float(ratio_range[0]), float(ratio_range[1]))
+        self.foreground_prob, self.background, self.ignore_index = foreground_prob, background, ignore_index
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        return str(self.samples[index].image)
+
+    def window(self, index: int, height: int, width: int, ratio: float) -> tuple[int, int, int, int]:
+        """(top, left, h, w) of the source window for one crop of image ``index`` ([height, width])."""
+        rng = self.transform.py_random
+        h = min(height, max(1, round(self.crop_size[0] / ratio)))
+        w = min(width, max(1, round(self.crop_size[1] / ratio)))
+        if rng.random() < self.foreground_prob:
+            positions = self.cache.positions(self.samples[index], self.factor)
+            present = sorted(c for c in positions if c not in (self.background, self.ignore_index))
+            if present:
+                chosen = positions[present[rng.randrange(len(present))]]
+                y, x = divmod(int(chosen[rng.randrange(len(chosen))]), width)
+                top = min(max(y - rng.randrange(h), 0), height - h)
+                left = min(max(x - rng.randrange(w), 0), width - w)
+                return top, left, h, w
+        return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        sample = self.samples[index]
+        image, mask = self.cache.image(sample, self.factor), self.cache.mask(sample, self.factor)
+        self.check_sizes(index, image, mask)
+        ratio = self.transform.py_random.uniform(*self.ratio_range)
+        top, left, h, w = self.window(index, *mask.shape, ratio)
+        image = np.ascontiguousarray(image[top : top + h, left : left + w])
+        mask = np.ascontiguousarray(mask[top : top + h, left : left + w])
+        if ratio != 1.0:
+            size = (max(1, round(w * ratio)), max(1, round(h * ratio)))
+            shrink = cv2.INTER_AREA if ratio < 1 else cv2.INTER_LINEAR
+            image = cv2.resize(image, size, interpolation=shrink)
+            mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST_EXACT)
+        out = self.transform(image=image, mask=mask)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))),
+            "mask": torch.from_numpy(out["mask"].astype(np.int64)),
+            "path": self.describe(index),
+        }
+
+
+class ReducedDataset(SegDatasetBase):
+    """Evaluation items of cached images shrunk by ``factor`` with their full-resolution masks: the model
+    predicts at the reduced size and is scored at the original one (the logits are resized to the mask)."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        classes: list[str],
+        palette: list[Color],
+        transform: Transform,
+        cache: DecodedCache,
+        factor: int,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        self.samples, self.classes, self.palette = samples, list(classes), list(palette)
+        self.transform, self.cache, self.factor, self.ignore_index = transform, cache, factor, ignore_index
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        return str(self.samples[index].image)
+
+    def load_image(self, index: int) -> np.ndarray:
+        return np.asarray(self.cache.image(self.samples[index], self.factor))
+
+    def load_mask(self, index: int) -> np.ndarray:
+        return np.asarray(self.cache.mask(self.samples[index], 1))
+
+    def check_sizes(self, index: int, image: np.ndarray, mask: np.ndarray) -> None:
+        expected = tuple(max(1, round(side / self.factor)) for side in mask.shape)
+        if image.shape[:2] != expected:
+            super().check_sizes(index, image, mask)  # names both sizes
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image, mask = self.load(index)
+        image = self.transform(image=image)["image"]  # image-only: the mask keeps its resolution
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "mask": torch.from_numpy(mask.astype(np.int64)),
+            "path": self.describe(index),
+        }

@@ -1,0 +1,77 @@
+"""bench accuracy's arms beyond attention options (run overrides, labels) and its average-precision
+report: the per-class tables and the AP-against-scale plot, from run rows without training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from segattn.bench.accuracy import (
+    IDRID_ARMS,
+    AccuracySettings,
+    arm_recipe,
+    markdown,
+    run_overrides,
+    spec_overrides,
+    summarize,
+)
+from segattn.bench.resolution import plot_resolution
+from segattn.bench.specs import parse_spec
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_arms_pass_config_keys_and_groups_as_plain_overrides():
+    arm = parse_spec("softmax:label=softmax-320:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]")
+    assert arm.label == "softmax-320" and "label" not in arm.options
+    assert run_overrides(arm) == ["data.crop_size=[320, 320]"]
+    assert spec_overrides(arm) == [
+        "attention=softmax",
+        "data.crop_size=[320, 320]",
+        "model.sr_ratios=[1, 1, 1, 1]",
+    ]
+    assert spec_overrides(parse_spec("litemla:model=efficientvit")) == [
+        "attention=litemla",
+        "model=efficientvit",
+    ]
+    labels = [parse_spec(text).label for text in IDRID_ARMS]
+    assert len(set(labels)) == len(labels) and "flatten-x8" in labels
+
+
+def test_an_arm_recipe_is_the_experiment_under_its_overrides():
+    settings = AccuracySettings("idrid_cpu", [], [0], ["data.root=/nowhere"])
+    recipe, spec = arm_recipe(
+        settings, parse_spec("softmax:label=s:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]")
+    )
+    assert (recipe.model.name, recipe.batch, recipe.crop) == ("pvt", 2, 320)
+    assert spec.options == {"sr_ratios": [1, 1, 1, 1]} and spec.label == "s"
+    recipe, _ = arm_recipe(settings, parse_spec("litemla:model=efficientvit"))
+    assert recipe.model.name == "efficientvit"
+
+
+def run_row(variant: str, seed: int, ap: float) -> dict:
+    return {
+        "variant": variant, "seed": seed, "status": "ok", "test_mIoU": 40.0 + seed, "test_mAcc": 50.0,
+        "test_mAP": ap, "monitor": "val/mAP", "train_seconds": 600.0,
+        "test_AP_microaneurysms": ap / 2, "test_AP_haemorrhages": ap, "test_IoU_microaneurysms": 5.0,
+    }  # fmt: skip
+
+
+def test_average_precision_tables_and_resolution_plot(tmp_path: Path):
+    variants = [parse_spec(t) for t in ["flatten", "flatten:label=flatten-x4:data.downsample=4", "sra"]]
+    runs = [run_row("flatten", s, 30.0 + s) for s in (0, 1)] + [run_row("flatten-x4", 0, 20.0)]
+    runs.append(run_row("sra", 0, float("nan")) | {"test_AP_haemorrhages": float("nan")})
+    table = summarize(runs, {"flatten": {"step_seconds": 0.6, "peak_bytes": 2**30}}, variants)
+    flatten = table[0]
+    assert (flatten["test_mAP_mean"], round(flatten["test_mAP_std"], 3)) == (30.5, 0.707)
+    assert flatten["test_AP_microaneurysms_mean"] == 15.25 and table[1]["downsample"] == 4
+    assert table[2]["test_AP_haemorrhages_mean"] is None  # NaN runs are left out of means
+    text = markdown(table, "not measured")
+    ap_table, iou_table = text.split("\n\n")
+    assert ap_table.splitlines()[0].startswith("| arm | test mAP (mean ± std) | runs | AP microaneurysms |")
+    assert (
+        "| `flatten` | 30.50 ± 0.71 | 30.00 31.00 | 15.25 | 30.50 | 40.50 | 600 ms | 1 GiB | 10.00 |"
+        in ap_table
+    )
+    assert iou_table.splitlines()[2] == "| `flatten` | 5.00 |"
+    plot_resolution(table, tmp_path / "resolution.png", "test")
+    assert (tmp_path / "resolution.png").read_bytes()[:8] == PNG
