@@ -1,0 +1,93 @@
+"""Every Triton kernel compiles for an H100 (sm_90), on a machine without a GPU: the interpreter that runs
+the numerical tests (test_triton_kernels.py) executes the kernels as Python and does not catch what only the
+compiler rejects (types of loop-carried values, shapes ``tl.dot`` refuses, shared memory over the limit).
+
+``triton.compile`` to a cubin needs no device, only triton's bundled ptxas. It runs in a child process:
+this one has TRITON_INTERPRET=1 (conftest.py), under which ``triton.jit`` makes interpreted functions. Each
+feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each kernel
+with its branches on, the widest head dim with its block size, and the stats and focusing kernels.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+FLOATS = {"scale", "eps", "map_eps", "power", "factor"}  # the kernels' float arguments; other scalars are i32
+SM90 = 90
+SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100 block may use
+
+
+def arg_type(name: str, constants: dict, half: tuple[str, ...]) -> str:
+    """A kernel argument's type by the kernels' naming: constants, ``*_ptr`` pointers (bf16 for the names
+    in ``half``, else fp32), ``FLOATS``, and i32 for every other scalar (sizes, strides)."""
+    if name in constants:
+        return "constexpr"
+    if name.endswith("_ptr"):
+        return "*bf16" if name in half else "*fp32"
+    return "fp32" if name in FLOATS else "i32"
+
+
+def compile_all() -> list[str]:
+    """Compile every case for sm_90; one line per case (kernel, constants, shared bytes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from segattn.attention.triton import kernels as K
+    from segattn.attention.triton.launch import Blocks, focus_blocks
+
+    target = GPUTarget("cuda", SM90, 32)
+
+    def build(fn, constants: dict, num_warps: int, half: tuple[str, ...] = ()) -> str:
+        signature = {name: arg_type(name, constants, half) for name in fn.arg_names}
+        kernel = triton.compile(
+            ASTSource(fn, signature, constexprs=constants), target=target, options={"num_warps": num_warps}
+        )
+        assert kernel.metadata.shared <= SHARED_LIMIT, (fn.__name__, constants, kernel.metadata.shared)
+        return f"{fn.__name__} {constants} shared={kernel.metadata.shared}"
+
+    bf16 = Blocks(32, 32, 64, 4, "tf32")  # what the launchers pick for bf16 heads of 32 on a GPU
+    fp32_wide = Blocks(128, 128, 16, 8, "ieee")  # fp32 heads of 128 with TF32 off
+    inputs = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
+    lines = []
+    for kind in range(7):
+        flags = {"KIND": kind, "HAS_BIAS": kind == K.L2}
+        lines.append(build(K.keys_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+    lines.append(build(K.context_kernel, {**bf16.constants(), "KIND": K.ELU}, bf16.num_warps, inputs))
+    for normalized in (True, False):
+        flags = {
+            "KIND": K.FOCUS if normalized else K.SOFTMAX_D,
+            "NORMALIZED": normalized,
+            "HAS_BIAS": normalized,
+        }
+        lines.append(
+            build(K.apply_kernel, {**bf16.constants(), **flags, "HAS_ADDEND": normalized}, 4, inputs)
+        )
+        lines.append(build(K.query_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+    wide = {"KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True}
+    lines.append(build(K.query_backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
+    lines.append(build(K.key_softmax_stats_kernel, {"D": 32, "BLOCK_N": 64}, 4, inputs))
+    width, block, warps = focus_blocks(512)
+    for fn in (K.focus_stats_kernel, K.focus_backward_kernel):
+        lines.append(build(fn, {"CP": width, "BLOCK_N": block}, warps, inputs))
+    return lines
+
+
+def test_every_kernel_compiles_for_sm90() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    child = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert len(child.stdout.splitlines()) == 16, child.stdout
+
+
+if __name__ == "__main__":
+    print("\n".join(compile_all()))
