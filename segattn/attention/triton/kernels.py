@@ -8,16 +8,19 @@ results. Head dims are padded to the power of two ``D`` (at least 16, what ``tl.
 - ``context_kernel``: grid (B·h, splits of N); each program sums φk(k)ᵀ[v | 1], Σv and its token count
   over its share of the tokens into a [d + 1, dv + 1] partial; the caller sums the partials (and, on a
   band of a split image, all-reduces the sum) before applying it.
-- ``apply_kernel``: grid (B·h, blocks of N); out = (φq S + β) / (φq z + β₀ + eps) (+ an addend), and 1/den
+- ``apply_kernel``: grid (blocks of N, B·h); out = (φq S + β) / (φq z + β₀ + eps) (+ an addend), and 1/den
   per token for backward.
 - ``query_backward_kernel``: grid (B·h, splits); ∂q from the output gradient and the context, and the
   partial context gradient Ãᵀ[ĝ | −r] with Ã = [φq | 1] (its last row is ∂β), summed like the context.
-- ``keys_backward_kernel``: grid (B·h, blocks of N); ∂k and ∂v from the summed context gradient.
+- ``keys_backward_kernel``: grid (blocks of N, B·h); ∂k and ∂v from the summed context gradient.
 - ``key_softmax_stats_kernel``: per split, each channel's max and Σexp over the tokens (Efficient
   Attention's key softmax runs over N: the caller combines the splits into max and 1/Σexp).
 - ``focus_stats_kernel`` / ``focus_backward_kernel``: FLatten's focusing map over all C channels of a
   token: per token max u and ‖u‖/‖(u/max u)^p‖ (so each head computes f_p in registers), and the
   focusing map's backward from ∂f with the partial gradient of 1/softplus(scale).
+
+Grids over blocks of tokens put them on axis 0 (CUDA's other axes stop at 65,535 programs: 4M tokens in
+blocks of 64), and offsets into q, k, v and the results are 64-bit (a tensor may pass 2³¹ elements).
 
 Feature maps (``KIND``): IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax
 over the head's channels, SOFTMAX_N softmax over the tokens (column statistics from the pre-pass), FOCUS
@@ -98,7 +101,7 @@ def feature_map_backward(x, phi, grad, cols_ok, KIND: tl.constexpr, scale, eps, 
 @triton.jit
 def load_block(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c):
     """A [BLOCK_N, D] block of a strided [N, d] matrix as fp32 (0 where masked)."""
-    offsets = rows[:, None] * stride_n + cols[None, :] * stride_c
+    offsets = rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_c
     return tl.load(ptr + offsets, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0).to(tl.float32)
 
 
@@ -134,7 +137,7 @@ def context_kernel(
     KIND: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
     k_base, v_base = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
@@ -185,8 +188,8 @@ def apply_kernel(
     KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ADDEND: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    bh, block = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    block, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -209,7 +212,7 @@ def apply_kernel(
     mask = rows_ok[:, None] & vcols_ok[None, :]
     if HAS_ADDEND:
         out += load_block(add_ptr + b * sab + h * sah, rows, rows_ok, vcols, vcols_ok, san, sac)
-    offsets = out_ptr + b * sob + h * soh + rows[:, None] * son + vcols[None, :] * soc
+    offsets = out_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * son + vcols[None, :] * soc
     tl.store(offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -224,7 +227,7 @@ def query_backward_kernel(
 ):  # fmt: skip
     # With ĝ = g/den, P = ĝ Sᵀ, r = (Σ_c φ_c P_c + ĝ·β)/den: ∂φ = P − r zᵀ and ∂[S̃] += [φ | 1]ᵀ[ĝ | −r].
     bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
     s, z, beta, _ = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
@@ -259,7 +262,7 @@ def query_backward_kernel(
             dphi = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
         acc += tl.dot(tl.trans(phi), grad, input_precision=PRECISION)
         dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
-        offsets = dq_ptr + b * sdb + h * sdh + rows[:, None] * sdn + cols[None, :] * sdc
+        offsets = dq_ptr + b * sdb + h * sdh + rows[:, None].to(tl.int64) * sdn + cols[None, :] * sdc
         tl.store(offsets, dx.to(dq_ptr.dtype.element_ty), mask=rows_ok[:, None] & cols_ok[None, :])
     base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
     tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
@@ -278,8 +281,8 @@ def keys_backward_kernel(
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     # ∂φk = c(v ∂Sᵀ + 1 ∂zᵀ), ∂v = c φk ∂S (+ 1 ∂β for Taylor's Σv); ∂z is 0 without a normaliser.
-    bh, block = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    block, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -297,9 +300,9 @@ def keys_backward_kernel(
         dvalues += dbeta[None, :]
     dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
     mask_k, mask_v = rows_ok[:, None] & cols_ok[None, :], rows_ok[:, None] & vcols_ok[None, :]
-    dk_offsets = dk_ptr + b * sdkb + h * sdkh + rows[:, None] * sdkn + cols[None, :] * sdkc
+    dk_offsets = dk_ptr + b * sdkb + h * sdkh + rows[:, None].to(tl.int64) * sdkn + cols[None, :] * sdkc
     tl.store(dk_offsets, dx.to(dk_ptr.dtype.element_ty), mask=mask_k)
-    dv_offsets = dv_ptr + b * sdvb + h * sdvh + rows[:, None] * sdvn + vcols[None, :] * sdvc
+    dv_offsets = dv_ptr + b * sdvb + h * sdvh + rows[:, None].to(tl.int64) * sdvn + vcols[None, :] * sdvc
     tl.store(dv_offsets, dvalues.to(dv_ptr.dtype.element_ty), mask=mask_v)
 
 
@@ -310,7 +313,7 @@ def key_softmax_stats_kernel(
 ):  # fmt: skip
     # Online max and Σexp per channel over this split's tokens; part: [splits, B·h, 2, d].
     bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols = tl.arange(0, D)
     cols_ok = cols < d
     top = tl.full([D], float("-inf"), dtype=tl.float32)
@@ -335,7 +338,7 @@ def focus_stats_kernel(
     CP: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # Per token of [B, N, C]: u = (relu(x) + 1e-6)/softplus(scale); stats = (max u, ‖u‖ / ‖(u/max u)^p‖).
-    b, block = tl.program_id(0), tl.program_id(1)
+    block, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, CP)
     rows_ok, cols_ok = rows < N, cols < C
@@ -358,7 +361,7 @@ def focus_backward_kernel(
 ):  # fmt: skip
     # With a² = ‖u‖² and γ = Σ_c g·f / a²: ∂u = p·(f/u)·(g − γ f) + γ u; ∂x = ∂u/softplus(scale) where x > 0;
     # the partial of ∂(1/softplus(scale))_c = Σ_n ∂u·(relu(x) + 1e-6) goes to part [B·blocks, C].
-    b, block = tl.program_id(0), tl.program_id(1)
+    block, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, CP)
     rows_ok, cols_ok = rows < N, cols < C
@@ -376,6 +379,6 @@ def focus_backward_kernel(
     du = power * (f / tl.where(mask, u, 1.0)) * (grad - gamma[:, None] * f) + gamma[:, None] * u
     du = tl.where(mask, du, 0.0)
     dx = tl.where(x > 0, du * inv_scale[None, :], 0.0)
-    dx_offsets = dx_ptr + b * sdb + rows[:, None] * sdn + cols[None, :] * sdc
+    dx_offsets = dx_ptr + b * sdb + rows[:, None].to(tl.int64) * sdn + cols[None, :] * sdc
     tl.store(dx_offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    tl.store(part_ptr + (b * tl.num_programs(1) + block) * C + cols, tl.sum(du * raw, axis=0), mask=cols_ok)
+    tl.store(part_ptr + (b * tl.num_programs(0) + block) * C + cols, tl.sum(du * raw, axis=0), mask=cols_ok)

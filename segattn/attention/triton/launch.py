@@ -122,7 +122,7 @@ def apply(
     blocks = Blocks.of(d, dv, q.dtype)
     inv = torch.empty(batch * heads, tokens, dtype=torch.float32, device=q.device) if normalized else None
     extra = addend if addend is not None else out
-    kernels.apply_kernel[(batch * heads, -(-tokens // blocks.BLOCK_N))](
+    kernels.apply_kernel[(-(-tokens // blocks.BLOCK_N), batch * heads)](
         q, ctx, out, inv if inv is not None else ctx, extra, *phi.args(q),
         *q.stride(), *out.stride(), *extra.stride(),
         heads, tokens, d, dv, *phi.col_strides, phi.scale, phi.eps, phi.power, eps,
@@ -175,7 +175,7 @@ def keys_backward(
     batch, heads, tokens, d = k.shape
     dv = v.shape[-1]
     blocks = Blocks.of(d, dv, k.dtype)
-    kernels.keys_backward_kernel[(batch * heads, -(-tokens // blocks.BLOCK_N))](
+    kernels.keys_backward_kernel[(-(-tokens // blocks.BLOCK_N), batch * heads)](
         k, v, grad_ctx, grad_k, grad_v, *phi.args(k),
         *k.stride(), *v.stride(), *grad_k.stride(), *grad_v.stride(),
         heads, tokens, d, dv, *phi.col_strides, phi.scale, phi.eps, phi.power, factor,
@@ -213,7 +213,7 @@ def focus_stats(x: Tensor, inv_scale: Tensor, power: float) -> Tensor:
     batch, tokens, channels = x.shape
     width, block, warps = focus_blocks(channels)
     stats = torch.empty(batch, tokens, 2, dtype=torch.float32, device=x.device)
-    kernels.focus_stats_kernel[(batch, -(-tokens // block))](
+    kernels.focus_stats_kernel[(-(-tokens // block), batch)](
         x, inv_scale, stats, *x.stride(), tokens, channels, power, CP=width, BLOCK_N=block, num_warps=warps
     )
     return stats
@@ -228,7 +228,7 @@ def focus_backward(
     width, block, warps = focus_blocks(channels)
     num_blocks = -(-tokens // block)
     part = torch.empty(batch * num_blocks, channels, dtype=torch.float32, device=x.device)
-    kernels.focus_backward_kernel[(batch, num_blocks)](
+    kernels.focus_backward_kernel[(num_blocks, batch)](
         x, grad, inv_scale, stats, grad_x, part, *x.stride(), *grad.stride(), *grad_x.stride(),
         tokens, channels, power, CP=width, BLOCK_N=block, num_warps=warps,
     )  # fmt: skip
