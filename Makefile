@@ -8,7 +8,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # Every other distribution is pinned to the versions CI tests by constraints.txt (`make constraints` refreshes
 # it); `make setup CONSTRAINTS=` installs the newest releases pyproject.toml allows instead.
 CONSTRAINTS ?= constraints.txt
-EXTRAS := export,dev,tensorboard
+EXTRAS := export,dev,tensorboard,docs
 INSTALL_ARGS := $(TORCH_PINS) -e ".[$(EXTRAS)]"
 
 .PHONY: setup constraints train eval test lint bench device-check clean
