@@ -11,7 +11,7 @@ CONSTRAINTS ?= constraints.txt
 EXTRAS := export,dev,tensorboard,docs
 INSTALL_ARGS := $(TORCH_PINS) -e ".[$(EXTRAS)]"
 
-.PHONY: setup constraints train eval test lint bench device-check clean
+.PHONY: setup constraints train eval test lint docs bench device-check clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every save; CI builds it with
+# `mkdocs build --strict`. ARGS passes options through, e.g. ARGS="-a 0.0.0.0:8000".
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve $(ARGS)
+
 bench: setup
 	$(BIN)/python -m segattn.bench $(ARGS)
 
@@ -51,4 +56,4 @@ device-check:
 	PY=$(BIN)/python .ci/device-check
 
 clean:
-	rm -rf outputs multirun .pytest_cache .ruff_cache
+	rm -rf outputs multirun .pytest_cache .ruff_cache site test-report.xml test-durations.txt
