@@ -24,7 +24,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import check_values, config_dir, register_resolvers
+from .config import NothingToDo, check_values, config_dir, register_resolvers
 
 CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
 WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"  # how torch re-raises worker errors
@@ -122,6 +122,10 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
         try:
             check_values(cfg)
             return run(cfg)
+        except NothingToDo as done:
+            remove_empty_run_dir(Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
+            print(f"{Path(sys.argv[0]).name}: {done}")
+            return None
         except (ValueError, FileNotFoundError, FileExistsError) as error:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

@@ -148,6 +148,11 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 ABSENT = object()
 
 
+class NothingToDo(Exception):  # noqa: N818 (an outcome, not a failure)
+    """The command has nothing to do (a finished run resumed): the message is printed, the status is 0,
+    and nothing is left behind, as for a refused command."""
+
+
 def shown(value: Any) -> str:
     """A value as the user would write it back: strings quoted, lists as lists."""
     return repr(value) if isinstance(value, str) else str(value)

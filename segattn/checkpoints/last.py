@@ -8,6 +8,8 @@ would resume ten epochs back.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -29,6 +31,17 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         """Write last.ckpt unless a checkpoint (and with it last.ckpt) was already saved at this step."""
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the best / top-k bookkeeping only from a checkpoint of this very checkpoint folder.
+
+        Lightning restores ``best_model_path`` even when the checkpoint was written in another folder (a
+        copy of another run's last.ckpt): that file belongs to the other run, which may have overwritten
+        or deleted it since, and the test step and the summary would then use another model's weights.
+        A run resumed from another folder starts its top-k from nothing, so its test step uses only its
+        own checkpoints (or its final weights)."""
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
 
     def save_last_now(self, trainer: pl.Trainer) -> str:
         """Write last.ckpt at this very step, whatever the schedule (a preempted run's final state, taken

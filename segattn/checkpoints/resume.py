@@ -101,6 +101,21 @@ def resolve_ckpt_path(ckpt_path: str | None, log_dir: str | Path, run_dir: str |
     return path
 
 
+def nothing_left_to_train(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int) -> str | None:
+    """Why resuming ``checkpoint`` would train no step under ``trainer.max_epochs`` / ``max_steps`` (the
+    limit it has already reached, as Lightning's fit loop decides), or None when there is training left."""
+    step = int(checkpoint.get("global_step", 0))
+    if max_steps >= 0 and step >= max_steps:
+        return f"the checkpoint is at step {step}, trainer.max_steps={max_steps}"
+    if max_epochs is None:  # Lightning's default: 1000 epochs unless max_steps limits the run
+        max_epochs = 1000 if max_steps == -1 else -1
+    loops = checkpoint.get("loops") or {}
+    epochs = loops.get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
+    if isinstance(epochs, int) and max_epochs >= 0 and epochs >= max_epochs:
+        return f"the checkpoint has finished {epochs} epoch(s) (step {step}), trainer.max_epochs={max_epochs}"
+    return None
+
+
 def wandb_run_id(checkpoint: dict[str, Any]) -> str | None:
     """The W&B run id stored by training, so a resumed run continues the same W&B run."""
     return checkpoint.get("segattn", {}).get("wandb_run_id")

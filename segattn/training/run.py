@@ -24,8 +24,14 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 from ..checkpoints.atomic import AtomicCheckpointIO
 from ..checkpoints.compat import check_resumable, describe_init_differences
 from ..checkpoints.last import ResumableModelCheckpoint
-from ..checkpoints.resume import load_weights, read_checkpoint, resolve_ckpt_path, wandb_run_id
-from ..config import check_config
+from ..checkpoints.resume import (
+    load_weights,
+    nothing_left_to_train,
+    read_checkpoint,
+    resolve_ckpt_path,
+    wandb_run_id,
+)
+from ..config import NothingToDo, check_config
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..data.errors import DataError
@@ -192,6 +198,12 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     module = build_module(cfg, datamodule)
     if resumed is not None:  # the same architecture, or one line naming each difference
         check_resumable(resumed, module.model.config, resume_from)
+        finished = nothing_left_to_train(resumed, cfg.trainer.max_epochs, cfg.trainer.max_steps)
+        if finished:
+            raise NothingToDo(
+                f"ckpt_path={cfg.ckpt_path}: nothing left to train: {finished}; raise trainer.max_epochs "
+                f"(or trainer.max_steps) to train on, or score it with eval.py checkpoint={resume_from}"
+            )
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
     if rank_zero_only.rank == 0:
@@ -205,7 +217,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         summary = summarize(trainer, module, run_dir)
         if cfg.test_after_fit:
-            summary.update(run_test(trainer, module, datamodule))
+            summary.update(run_test(trainer, module, datamodule, run_dir))
         failed = False
     finally:
         finish_wandb(loggers, exit_code=int(failed))
@@ -215,9 +227,12 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def run_test(trainer: pl.Trainer, module: SegmentationModule, datamodule: SegDataModule) -> dict[str, Any]:
-    """Score the best checkpoint (the final weights without one) on the test split, scored as validation
-    is; ``test`` holds the scores, or ``test_note`` says why there are none."""
+def run_test(
+    trainer: pl.Trainer, module: SegmentationModule, datamodule: SegDataModule, run_dir: Path
+) -> dict[str, Any]:
+    """Score this run's best checkpoint (the final weights without one) on the test split, scored as
+    validation is; ``test`` holds the scores, or ``test_note`` says why there are none. Only a checkpoint
+    inside ``run_dir`` counts: another run's file may hold another model by now."""
     split = datamodule.splits["test"]
     try:
         datamodule.setup("test")
@@ -227,6 +242,8 @@ def run_test(trainer: pl.Trainer, module: SegmentationModule, datamodule: SegDat
     if count == 0:
         return {"test": {}, "test_note": f"test split {split!r} is empty"}
     best = getattr(trainer.checkpoint_callback, "best_model_path", "")
+    if best and not Path(best).resolve().is_relative_to(run_dir.resolve()):
+        best = ""  # only this run's own checkpoints (see ResumableModelCheckpoint.load_state_dict)
     trainer.test(module, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
     weights = best or "the final weights"
     return {"test": dict(module.test_scores), "test_note": f"{count} images of split {split!r}, {weights}"}
