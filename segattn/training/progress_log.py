@@ -3,7 +3,7 @@ one line every ``trainer.log_every_n_steps`` steps and one per validation. Hydra
 them to stdout and to the run dir's ``train.log``; the Rich progress bar is for terminals only.
 
     epoch 2/20 step 120/480 loss 0.8123 lr 3.20e-04 55.1 img/s ETA 0:03:12
-    epoch 2/20 step 128/480 val mIoU 31.20 mAcc 40.10 aAcc 80.00 (validation 2.1 s)
+    epoch 2/20 step 128/480 val mIoU 31.20 mAcc 40.10 aAcc 80.00 mAP 35.40 (validation 2.1 s)
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ProgressLog(pl.Callback):
         metrics = trainer.callback_metrics
         scores = " ".join(
             f"{name} {float(metrics[f'val/{name}']):.2f}"
-            for name in ("mIoU", "mAcc", "aAcc")
+            for name in ("mIoU", "mAcc", "aAcc", "mAP")
             if f"val/{name}" in metrics
         )
         seconds = time.monotonic() - self.val_started

@@ -31,7 +31,11 @@ def run(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.Complete
         ("segattn.predict", ["checkpoint: ???", "input: ???", "mode: whole"]),
         (
             "data doctor",
-            ["Config groups", "  data: ade20k, camvid, cityscapes, folder, idrid, raster, synthetic, voc", "root:"],
+            [
+                "Config groups",
+                "  data: ade20k, camvid, cityscapes, folder, idrid, raster, synthetic, voc",
+                "root:",
+            ],
         ),
     ],
 )

@@ -29,28 +29,21 @@ def test_reduced_resolution_run_is_scored_at_full_resolution(tmp_path):
         "+data.downsample=2", "+data.foreground_prob=0.5", "data.crop_size=[32,32]", "data.batch_size=2",
         "data.num_workers=0", "data.persistent_workers=false", "data.pin_memory=false",
     ]  # fmt: skip
-    summary = train(
-        compose_config(
-            [
-                f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / 'run'}", *data,
-                *TINY_MODEL["pvt"], *QUIET, "attention=linear", "logger=none", "callbacks.wandb_panel=null",
-                "trainer.max_epochs=2", "trainer.num_sanity_val_steps=0", "metrics.ap_mean_classes=[car]",
-                "callbacks.model_checkpoint.monitor=val/mAP",
-            ]
-        )  # fmt: skip
-    )
+    run = [
+        f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / 'run'}", *data,
+        *TINY_MODEL["pvt"], *QUIET, "attention=linear", "logger=none", "callbacks.wandb_panel=null",
+        "trainer.max_epochs=2", "trainer.num_sanity_val_steps=0", "metrics.ap_mean_classes=[car]",
+        "callbacks.model_checkpoint.monitor=val/mAP",
+    ]  # fmt: skip
+    summary = train(compose_config(run))
     assert summary["monitor"] == "val/mAP" and summary["best_mIoU"] is None
     assert summary["best_score"] >= summary["final"]["mAP"] - 1e-5  # float32 as logged
     assert summary["final"]["mAP"] == summary["final"]["AP"]["car"]  # the mean over the one class asked
-    payload = evaluate(
-        compose_config(
-            [
-                f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / 'eval'}",
-                f"checkpoint={summary['last_checkpoint']}", "split=val", "metrics.ap_mean_classes=[car]",
-            ],
-            "eval",
-        )  # fmt: skip
-    )
+    scoring = [
+        f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / 'eval'}",
+        f"checkpoint={summary['last_checkpoint']}", "split=val", "metrics.ap_mean_classes=[car]",
+    ]  # fmt: skip
+    payload = evaluate(compose_config(scoring, "eval"))
     assert payload["summary"]["mIoU"] == summary["final"]["mIoU"]
     assert payload["summary"]["mAP"] == summary["final"]["mAP"]
     assert payload["per_class"]["car"]["AP"] == summary["final"]["AP"]["car"]
