@@ -17,7 +17,7 @@ import torch
 
 from ..attention import available_attention
 from ..cpu_memory import reuse_freed_memory
-from . import report
+from . import flags, report
 from .measure import total_memory_budget
 from .specs import parse_count, parse_spec
 
@@ -164,28 +164,38 @@ def run_raster(args: argparse.Namespace, device: torch.device, out_dir: Path) ->
 
 def add_raster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("raster")
-    group.add_argument("--size", type=int, help="side of the generated square GeoTIFF (default 20000)")
-    group.add_argument("--crop", type=int, help="slide window side (default 1024)")
-    group.add_argument("--stride", type=int, help="slide stride (default half the window)")
-    group.add_argument("--crop-batch-size", type=int, help="windows per forward pass (default 2)")
-    group.add_argument("--classes", type=int, help="classes of the tiny model (default 3)")
+    group.add_argument(
+        "--size", type=flags.positive_int, help="side of the generated square GeoTIFF (default 20000)"
+    )
+    group.add_argument("--crop", type=flags.positive_int, help="slide window side (default 1024)")
+    group.add_argument("--stride", type=flags.positive_int, help="slide stride (default half the window)")
+    group.add_argument(
+        "--crop-batch-size", type=flags.positive_int, help="windows per forward pass (default 2)"
+    )
+    group.add_argument("--classes", type=flags.positive_int, help="classes of the tiny model (default 3)")
 
 
 def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("accuracy")
     group.add_argument("--experiment", help="conf/experiment/<name> every run trains with")
-    group.add_argument("--seeds", nargs="+", type=int, help="one run per variant and seed")
-    group.add_argument("--jobs", type=int, help="runs side by side, each with cores / jobs threads")
+    group.add_argument("--seeds", nargs="+", type=flags.non_negative_int, help="one run per variant and seed")
+    group.add_argument(
+        "--jobs", type=flags.positive_int, help="runs side by side, each with cores / jobs threads"
+    )
     group.add_argument(
         "--overrides", nargs="+", help="Hydra overrides for every run, e.g. data.root=../shared/data/camvid"
     )
-    group.add_argument("--repeats", type=int, help="timed step repeats for the s/step column")
-    group.add_argument("--budget-gib", type=float, help="memory budget of the largest-image column")
+    group.add_argument("--repeats", type=flags.positive_int, help="timed step repeats for the s/step column")
+    group.add_argument(
+        "--budget-gib", type=flags.positive_float, help="memory budget of the largest-image column"
+    )
     group.add_argument("--no-maxres", action="store_true", help="skip the largest-image column")
-    group.add_argument("--start", type=int, help="first maxres probe size (pixels per side)")
-    group.add_argument("--step", type=int, help="resolution of the maxres search")
-    group.add_argument("--max-size", type=int, help="stop the maxres search above this size")
-    group.add_argument("--probe-timeout", type=float, help="seconds before a maxres probe counts as too slow")
+    group.add_argument("--start", type=flags.positive_int, help="first maxres probe size (pixels per side)")
+    group.add_argument("--step", type=flags.positive_int, help="resolution of the maxres search")
+    group.add_argument("--max-size", type=flags.positive_int, help="stop the maxres search above this size")
+    group.add_argument(
+        "--probe-timeout", type=flags.positive_float, help="seconds before a maxres probe counts as too slow"
+    )
     group.add_argument(
         "--only",
         choices=["train", "costs", "table"],
@@ -195,12 +205,19 @@ def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
 
 
 def common_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = flags.OneLineParser(add_help=False)
     common.add_argument("--smoke", action="store_true", help="tiny sizes that finish in seconds (CI)")
     common.add_argument("--out", type=Path, help="run directory (default bench_results/<timestamp>/)")
     common.add_argument("--device", help="cpu or cuda[:i] (default: cuda when available)")
-    common.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    common.add_argument("--variants", nargs="+", help="attention specs, e.g. flatten linear:feature_map=relu")
+    common.add_argument(
+        "--threads", type=flags.positive_int, help="torch intra-op threads (default: torch's choice)"
+    )
+    common.add_argument(
+        "--variants",
+        nargs="+",
+        type=flags.variant,
+        help="attention specs, e.g. flatten linear:feature_map=relu",
+    )
     common.add_argument(
         "--clock",
         choices=["wall", "cpu"],
@@ -218,19 +235,23 @@ def common_parser() -> argparse.ArgumentParser:
 
 def add_op_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("op")
-    group.add_argument("--sizes", nargs="+", help="token counts, e.g. 1k 4k 64k")
+    group.add_argument("--sizes", nargs="+", type=flags.count, help="token counts, e.g. 1k 4k 64k")
     group.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16", "fp16"])
     group.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"])
-    group.add_argument("--batch", type=int)
-    group.add_argument("--dim", type=int, help="channels C (default 64)")
-    group.add_argument("--heads", type=int, help="heads (default 2, i.e. head dim 32)")
-    group.add_argument("--repeats", type=int, help="timed repeats after warm-up (median reported)")
-    group.add_argument("--warmup", type=int)
+    group.add_argument("--batch", type=flags.positive_int)
+    group.add_argument("--dim", type=flags.positive_int, help="channels C (default 64)")
+    group.add_argument("--heads", type=flags.positive_int, help="heads (default 2, i.e. head dim 32)")
     group.add_argument(
-        "--config-seconds", type=float, help="fewer repeats for calls slower than this / repeats"
+        "--repeats", type=flags.positive_int, help="timed repeats after warm-up (median reported)"
+    )
+    group.add_argument("--warmup", type=flags.non_negative_int)
+    group.add_argument(
+        "--config-seconds",
+        type=flags.positive_float,
+        help="fewer repeats for calls slower than this / repeats",
     )
     group.add_argument(
-        "--max-call-seconds", type=float, help="skip sizes predicted slower than this per call"
+        "--max-call-seconds", type=flags.positive_float, help="skip sizes predicted slower than this per call"
     )
     group.add_argument(
         "--kernels",
@@ -243,34 +264,48 @@ def add_op_options(parser: argparse.ArgumentParser) -> None:
 
 def add_model_options(parser: argparse.ArgumentParser, maxres: bool) -> None:
     group = parser.add_argument_group("maxres" if maxres else "model")
-    group.add_argument("--models", nargs="+", help="model specs, e.g. pvt:size=b0 vit:size=small")
+    group.add_argument(
+        "--models", nargs="+", type=flags.model, help="model specs, e.g. pvt:size=b0 vit:size=small"
+    )
     if maxres:
-        group.add_argument("--budget-gib", type=float, help="memory budget (default 80%% of free RAM / GPU)")
+        group.add_argument(
+            "--budget-gib", type=flags.positive_float, help="memory budget (default 80%% of free RAM / GPU)"
+        )
         group.add_argument("--checkpointing", choices=["off", "on", "both"])
         group.add_argument(
             "--spatial",
-            type=int,
+            type=flags.positive_int,
             nargs="+",
             metavar="P",
             help="band counts: each probe also trains one image split into P bands over P gloo processes "
             "(trainer=spatial); 1 = one process. Budget and peak are per process",
         )
-        group.add_argument("--start", type=int, help="first probe size (pixels per side)")
-        group.add_argument("--step", type=int, help="resolution of the search (sizes are multiples of it)")
-        group.add_argument("--max-size", type=int, help="stop searching above this size")
-        group.add_argument("--probe-timeout", type=float, help="seconds before a probe counts as too slow")
+        group.add_argument("--start", type=flags.positive_int, help="first probe size (pixels per side)")
+        group.add_argument(
+            "--step", type=flags.positive_int, help="resolution of the search (sizes are multiples of it)"
+        )
+        group.add_argument("--max-size", type=flags.positive_int, help="stop searching above this size")
+        group.add_argument(
+            "--probe-timeout", type=flags.positive_float, help="seconds before a probe counts as too slow"
+        )
         group.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
-        group.add_argument("--extrapolate-gib", type=float, help="also predict the maxres for this budget")
+        group.add_argument(
+            "--extrapolate-gib", type=flags.positive_float, help="also predict the maxres for this budget"
+        )
     else:
-        group.add_argument("--image-sizes", nargs="+", type=int, help="square image sizes, e.g. 256 512 1024")
+        group.add_argument(
+            "--image-sizes", nargs="+", type=flags.positive_int, help="square image sizes, e.g. 256 512 1024"
+        )
         group.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16", "fp16"])
-        group.add_argument("--batch", type=int)
-        group.add_argument("--repeats", type=int)
-        group.add_argument("--max-step-seconds", type=float, help="skip sizes predicted slower than this")
+        group.add_argument("--batch", type=flags.positive_int)
+        group.add_argument("--repeats", type=flags.positive_int)
+        group.add_argument(
+            "--max-step-seconds", type=flags.positive_float, help="skip sizes predicted slower than this"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m segattn.bench", description=__doc__)
+    parser = flags.OneLineParser(prog="python -m segattn.bench", description=__doc__)
     parts = parser.add_subparsers(dest="part", required=True)
     common = common_parser()
     add_op_options(parts.add_parser("op", parents=[common], help="attention ops vs the memory-traffic floor"))
