@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .bands import Band, BandGroup, Split, active_split, split_rows, splitting
+from .draws import drawing_from, image_seed
 from .ops import BandOps
 
 
@@ -68,7 +69,7 @@ def recompute_contexts() -> tuple[AbstractContextManager, AbstractContextManager
 
 
 def band_forward(
-    model: BandSegmentor, images: Tensor, group: BandGroup, with_aux: bool = False
+    model: BandSegmentor, images: Tensor, group: BandGroup, with_aux: bool = False, seed: int | None = None
 ) -> tuple[Tensor, Tensor | None, Band]:
     """Logits (and aux logits) of this process's band of ``images`` [B, 3, H, W], the same full batch on
     every process of ``group``: rows [band.start, min(band.stop, H)) of what ``model(images)`` returns.
@@ -76,6 +77,10 @@ def band_forward(
     The image is padded to the stride as the Segmentor pads it, then split into ``group.size`` bands of
     whole stride multiples; the band's forward runs with its layers exchanging halos and key summaries.
     Blocks under gradient checkpointing recompute on the band through ``recompute_contexts``.
+
+    A model in training mode draws its dropout and drop-path decisions from ``seed`` (by default one
+    ``image_seed`` shared by the group), so every band makes the decisions one process would make for
+    the whole image with its generators seeded so (``draws``).
     """
     height, width = images.shape[-2:]
     band = image_bands(model, height, group.size)[group.index]
@@ -84,7 +89,11 @@ def band_forward(
     padded_width = (width + stride - 1) // stride * stride
     rows = images[:, :, band.start : min(band.stop, height)]
     padded = F.pad(rows, (0, padded_width - width, 0, band.rows - rows.shape[2]))
-    with on_band(group, band):
+    training = getattr(model, "training", False)
+    if training and seed is None:
+        seed = image_seed(group, images.device)
+    draws = drawing_from(seed, images.device) if training else nullcontext()
+    with draws, on_band(group, band):
         logits, aux = model.padded_logits(padded, with_aux)
     keep = max(0, min(band.stop, height) - band.start)  # rows of the band inside the unpadded image
     logits = logits[:, :, :keep, :width]

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from segattn.models import build_model
-from segattn.parallel import BandGroup, band_forward, check_band_variant
+from segattn.parallel import BandGroup, band_forward, check_band_variant, drawing_from, image_seed
 from segattn.training.losses import SegLoss
 from segattn.training.spatial import band_loss
 
@@ -47,9 +47,10 @@ COMMON = {"head_channels": 16, "dropout": 0.0, "drop_path_rate": 0.0}
 
 
 def build(case: dict[str, Any]) -> torch.nn.Module:
-    """The case's model, seeded, in training mode (BatchNorm uses batch statistics), in the case's dtype."""
+    """The case's model, seeded, in training mode (BatchNorm uses batch statistics), in the case's dtype;
+    without dropout and drop path unless the case sets ``regularisers``."""
     torch.manual_seed(0)
-    options = {**MODELS[case["model"]], **COMMON}
+    options = {**MODELS[case["model"]], **COMMON, **case.get("regularisers", {})}
     if case["model"] == "unet":
         options.pop("drop_path_rate")
     model = build_model(num_classes=NUM_CLASSES, attention=case["attention"], **options)
@@ -80,25 +81,31 @@ def reference(model: torch.nn.Module, criterion: SegLoss, images: Tensor, masks:
     return logits.detach(), None if aux is None else aux.detach(), loss.detach(), grads
 
 
-def compare_case(case: dict[str, Any], group: BandGroup, data_groups: int) -> dict[str, float]:
-    """Max relative errors of one case: the band's logits (and aux logits) against the reference's rows,
-    the loss, and every parameter gradient after the data-parallel average."""
+def compare_case(case: dict[str, Any], group: BandGroup, data_groups: int) -> dict[str, Any]:
+    """Max relative errors of one case (``errors``): the band's logits (and aux logits) against the
+    reference's rows, the loss, and every parameter gradient after the data-parallel average. The bands of
+    an image draw their dropout / drop-path decisions from the group's ``image_seed``; each reference
+    (one process, whole image) is given the same draws. ``seeds``: every rank's seed."""
     template = build(case)
     check_band_variant(template)
     criterion = SegLoss(NUM_CLASSES, ignore_index=IGNORE)
     height, width = case["size"]
     dtype = case.get("dtype", "float64")
     rank = dist.get_rank()
-    references = [
-        reference(copy.deepcopy(template), criterion, *batch(g, height, width, dtype))
-        for g in range(data_groups)
-    ]
+    torch.manual_seed(1000 + rank)  # the processes' own streams differ, as a real job's may
+    seed = image_seed(group, torch.device("cpu"))
+    seeds: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(seeds, seed)
+    references = []
+    for g in range(data_groups):
+        with drawing_from(seeds[g * group.size], torch.device("cpu")):
+            references.append(reference(copy.deepcopy(template), criterion, *batch(g, height, width, dtype)))
     logits_ref, aux_ref, loss_ref, _ = references[rank // group.size]
     grads_ref = {n: sum(r[3][n] for r in references) / data_groups for n in references[0][3]}
 
     model = copy.deepcopy(template)
     images, masks = batch(rank // group.size, height, width, dtype)
-    logits, aux, band = band_forward(model, images, group, with_aux=True)
+    logits, aux, band = band_forward(model, images, group, with_aux=True, seed=seed)
     rows = slice(band.start, band.start + logits.shape[2])
     loss, image_loss = band_loss(criterion, logits, aux, model.aux_weight, masks[:, rows], group)
     loss.backward()
@@ -116,7 +123,7 @@ def compare_case(case: dict[str, Any], group: BandGroup, data_groups: int) -> di
     expected = torch.cat([grads_ref[name].flatten() for name, _ in model.named_parameters()])
     # relative to the largest gradient: a bias followed by BatchNorm has a gradient of rounding noise
     errors["gradients"] = relative_error(torch.cat(grads), expected)
-    return errors
+    return {"errors": errors, "seeds": seeds}
 
 
 def worker(
@@ -132,7 +139,7 @@ def worker(
         group = BandGroup(groups[rank // bands], tuple(range(start, start + bands)), rank - start)
         for case in cases:
             try:
-                results.append({**case, "bands": bands, "errors": compare_case(case, group, world // bands)})
+                results.append({**case, "bands": bands, **compare_case(case, group, world // bands)})
             except ValueError as error:
                 results.append({**case, "bands": bands, "error": str(error)})
     Path(out, f"{rank}.json").write_text(json.dumps(results))
