@@ -129,8 +129,8 @@ def linear_attention(
     if not use_fused():
         return _linear_attention(q, k, v, feature_map, eps)
     if triton_path(backend, q):
-        phi_t = FeatureMap(feature_map)
-        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, eps=eps)
+        kernel_map = FeatureMap(feature_map)
+        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps)
     phi = EluPlusOne() if feature_map == "elu" else Relu()
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
 
@@ -154,8 +154,8 @@ def taylor_attention(
     if not use_fused():
         return _taylor_attention(q, k, v, eps)
     if triton_path(backend, q):
-        phi_t = FeatureMap("l2", eps=eps)
-        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, eps=eps, taylor_term=True)
+        kernel_map = FeatureMap("l2", eps=eps)
+        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps, taylor_term=True)
     phi = L2Normalize(eps)
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps, taylor_term=True)
 
@@ -196,8 +196,10 @@ def focused_linear_attention(
         return _focused_linear_attention(q, k, v, eps)
     factor = 1.0 / token_count(k.shape[-2])
     if triton_path(backend, q):
-        phi_t = FeatureMap("identity")
-        return kernel_attention_triton(q, k, v, phi_q=phi_t, phi_k=phi_t, context_scale=factor, eps=eps)
+        kernel_map = FeatureMap("identity")
+        return kernel_attention_triton(
+            q, k, v, phi_q=kernel_map, phi_k=kernel_map, context_scale=factor, eps=eps
+        )
     identity = Scale(1.0)
     return kernel_attention_fused(q, k, v, phi_q=identity, phi_k=identity, context_scale=factor, eps=eps)
 
