@@ -19,12 +19,22 @@ from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser  # the command line Hydra's main reads
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import NothingToDo, check_values, config_dir, register_resolvers
+from . import runlog
+from .config import (
+    NothingToDo,
+    check_run_name,
+    check_values,
+    check_writable_dir,
+    config_dir,
+    register_resolvers,
+)
 
 CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
 WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"  # how torch re-raises worker errors
@@ -73,16 +83,66 @@ def help_text(config_name: str, cfg: DictConfig, groups: Sequence[str]) -> str:
     return "\n".join(text)
 
 
-def compose_command(config_name: str, overrides: Sequence[str]) -> DictConfig:
+def compose_command(config_name: str, overrides: Sequence[str], keep_hydra: bool = False) -> DictConfig:
     """``conf/<config_name>.yaml`` with Hydra ``overrides``; ``${hydra:...}`` and ``${repo_root:}``
-    resolve as in a Hydra run. Unknown keys and bad values raise Hydra / OmegaConf errors."""
+    resolve as in a Hydra run (``keep_hydra``: with the ``hydra`` node). Overrides that cannot be parsed are
+    a ValueError with a hint to quote them; unknown keys and bad values raise Hydra / OmegaConf errors."""
     register_resolvers()
+    parse_overrides(overrides)
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    if not keep_hydra:
+        with open_dict(cfg):
+            del cfg["hydra"]
     return cfg
+
+
+def parse_overrides(overrides: Sequence[str]) -> None:
+    """Parse each override as Hydra will. One it cannot read is a ValueError naming it, with the quoting
+    that reads it: the shell splits an unquoted value at its spaces, and Hydra reads non-ASCII letters and
+    brackets in a path only between quotes."""
+    parser = OverridesParser.create()
+    for index, override in enumerate(overrides):
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException:
+            previous = overrides[index - 1] if index else ""
+            key, sep, value = override.partition("=")
+            if not sep and "=" in previous:  # 'data.root=/my data' arrived as 'data.root=/my' and 'data'
+                key, _, value = previous.partition("=")
+                raise ValueError(
+                    f"{override!r} is not key=value: the shell split the value of {key} at a space; quote "
+                    f"the whole override: '{key}=\"{value} {override}\"'"
+                ) from None
+            if not sep:
+                raise ValueError(f"{override!r} is not key=value (e.g. data.root=/data/camvid)") from None
+            raise ValueError(
+                f"{override}: Hydra cannot read this value unquoted (non-ASCII letters, spaces, brackets); "
+                f"quote it: '{key}=\"{value}\"'"
+            ) from None
+
+
+def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
+    """What Hydra itself would fail on, or create in the wrong place, before it makes the run dir: an
+    override it cannot parse or apply, a ``run_name`` that is not one folder name, a run dir or
+    ``paths.log_dir`` that cannot be created. Returns the run dir's nearest folder that exists now (a
+    refused run removes the empty folders below it). Sweeps (``-m``) and Hydra's own flags are left to
+    Hydra (None)."""
+    args = get_args_parser().parse_args(list(argv))
+    parse_overrides(args.overrides)
+    hydra_flags = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion, args.multirun)
+    config_flags = (args.config_path, args.config_name, args.config_dir, args.experimental_rerun)
+    if any(hydra_flags) or any(flag is not None for flag in config_flags):
+        return None
+    cfg = compose_command(config_name, args.overrides, keep_hydra=True)
+    if "run_name" in cfg:
+        check_run_name(cfg.run_name)
+    run_dir, log_dir = Path(str(cfg.hydra.run.dir)).absolute(), Path(str(cfg.paths.log_dir)).absolute()
+    if log_dir in run_dir.parents:
+        check_writable_dir("paths.log_dir", log_dir)
+    check_writable_dir("hydra.run.dir", run_dir)
+    return next(folder for folder in run_dir.parents if folder.exists())
 
 
 def run_command(
@@ -110,37 +170,67 @@ def run_command(
 
 
 def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
-    """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``. Errors a user can fix
-    (``ValueError``, ``FileNotFoundError``: bad values, missing files, bad data; ``FileExistsError``: a run
-    dir another run holds) are one line on stderr and status 1, and the run dir Hydra made for the job is
-    removed, with the parents it made under ``paths.log_dir``, while they are still empty (an error from a
-    DataLoader worker prints the worker's message, its traceback goes to the log);
-    ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
+    """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``, with one rule at its
+    boundary: a refused command leaves nothing behind.
+
+    Before Hydra makes the run dir, ``check_command_line`` refuses what Hydra would fail on or put in the
+    wrong place. Inside the job, log-file records are held in memory (``runlog``) until the run commits,
+    once every check has passed. Errors a user can fix (``ValueError``, ``FileNotFoundError``: bad values,
+    missing files, bad data; ``FileExistsError``: a run dir another run holds) are one line on stderr and
+    status 1; the held records are dropped and the run dir Hydra made is removed, with the parents it made
+    under ``paths.log_dir``, while they are empty (so a run dir that already held a run is left as it was).
+    An error from a DataLoader worker prints the worker's message, its traceback goes to the log;
+    ``HYDRA_FULL_ERROR=1`` shows the traceback instead. ``NothingToDo`` prints its line, status 0."""
+
+    existed: dict[str, Path | None] = {"folder": None}  # the run dir's nearest folder before the command
+
+    def remove_run_dir(cfg: DictConfig) -> None:
+        remove_empty_run_dir(Path(cfg.paths.output_dir), existed["folder"] or Path(cfg.paths.log_dir))
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        runlog.hold()
         try:
             check_values(cfg)
-            return run(cfg)
+            result = run(cfg)
         except NothingToDo as done:
-            remove_empty_run_dir(Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
+            runlog.discard()
+            remove_run_dir(cfg)
             print(f"{Path(sys.argv[0]).name}: {done}")
             return None
         except (ValueError, FileNotFoundError, FileExistsError) as error:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                runlog.commit()
                 raise
-            remove_empty_run_dir(Path(cfg.paths.output_dir), Path(cfg.paths.log_dir))
+            runlog.discard()
+            remove_run_dir(cfg)
             print(f"{Path(sys.argv[0]).name}: {user_message(error)}", file=sys.stderr)
             sys.exit(1)
+        except BaseException:
+            runlog.commit()  # a crash or an interrupted run keeps its log
+            raise
+        runlog.commit()
+        return result
+
+    def app() -> Any:
+        try:
+            existed["folder"] = check_command_line(config_name, sys.argv[1:])
+        except (*CONFIG_ERRORS, ValueError) as error:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"{Path(sys.argv[0]).name}: {one_line(error)}", file=sys.stderr)
+            sys.exit(1)
+        return main()
 
     register_resolvers()
-    return main
+    return app
 
 
-def remove_empty_run_dir(run_dir: Path, log_dir: Path) -> None:
-    """Remove ``run_dir`` and its parents below ``log_dir`` (``runs/``, ``multiruns/<time>/``) while empty."""
+def remove_empty_run_dir(run_dir: Path, keep: Path) -> None:
+    """Remove ``run_dir`` and its parents below ``keep`` (the log dir, or the run dir's nearest folder that
+    existed before the command) while they are empty."""
     for folder in (run_dir, *run_dir.parents):
-        if folder == log_dir or log_dir not in folder.parents or not folder.is_dir() or any(folder.iterdir()):
+        if folder == keep or keep not in folder.parents or not folder.is_dir() or any(folder.iterdir()):
             return
         folder.rmdir()
 

@@ -181,15 +181,34 @@ def check_values(cfg: DictConfig) -> None:
 
 def check_out_dir(out: Path) -> None:
     """``out=`` (export, predict) must be a directory or creatable as one, by this user."""
-    if out.exists() and not out.is_dir():
+    check_writable_dir("out", out)
+
+
+def check_writable_dir(key: str, folder: Path) -> None:
+    """The folder set by ``key`` (``out``, ``hydra.run.dir``, ``paths.log_dir``) is a directory this user can
+    write, or can be created as one."""
+    if folder.exists() and not folder.is_dir():
         raise ValueError(
-            f"out={out}: is an existing file; expected a directory to write into (created if missing)"
+            f"{key}={folder}: is an existing file; expected a directory to write into (created if missing)"
         )
-    existing = next(parent for parent in (out, *out.parents) if parent.exists())
+    existing = next(parent for parent in (folder, *folder.absolute().parents) if parent.exists())
     if not existing.is_dir():
-        raise ValueError(f"out={out}: cannot be created: {existing} is a file; expected a directory path")
+        raise ValueError(
+            f"{key}={folder}: cannot be created: {existing} is a file; expected a directory path"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"out={out}: cannot be written: {existing} is not writable by this user")
+        raise ValueError(f"{key}={folder}: cannot be written: {existing} is not writable by this user")
+
+
+def check_run_name(run_name: Any) -> None:
+    """``run_name`` names the run's folder (``<log dir>/runs/<time>_<run_name>``): one folder name, so that
+    the run stays inside the runs folder."""
+    text = str(run_name)
+    if "/" in text or "\\" in text or text in ("", ".", ".."):
+        raise ValueError(
+            f"run_name={text}: expected a name without '/' or '\\' (it names the run's folder, inside "
+            "paths.log_dir); set hydra.run.dir=<folder> to choose the folder itself"
+        )
 
 
 def check_data_root(data: DictConfig) -> None:

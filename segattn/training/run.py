@@ -37,6 +37,7 @@ from ..data import SegDataModule
 from ..data.errors import DataError
 from ..evaluation.average_precision import class_ids
 from ..models import build_model
+from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel
 from .fsdp import FullyShardedStrategy
 from .guards import NonFiniteGuard
@@ -206,6 +207,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             )
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
     preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
+    commit_log()  # every check passed: train.log is written from here on (segattn.runlog)
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)
     loggers = build_loggers(cfg, resumed)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch._utils import ExceptionWrapper
 
-from segattn import cli
+from segattn import cli, config
 from segattn.data.errors import DataError
 from segattn.export import main as export_main
 from segattn.predict import main as predict_main
@@ -55,6 +55,40 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
     ),
     ("train.py", ["ckpt_path={text}"], f"ckpt_path={{text}}: {TEXT_CKPT}"),
     ("train.py", ["init_from={tmp}/nope.ckpt"], "init_from={tmp}/nope.ckpt: no such checkpoint file"),
+    (
+        "train.py",
+        ["run_name=../../escape"],
+        "run_name=../../escape: expected a name without '/' or '\\' (it names the run's folder",
+    ),
+    (
+        "train.py",
+        ["data=camvid", "data.root={tmp}/my", "data"],  # data.root={tmp}/my data, unquoted
+        "'data' is not key=value: the shell split the value of data.root at a space; quote the whole "
+        "override: 'data.root=\"{tmp}/my data\"'",
+    ),
+    (
+        "train.py",
+        ["data=camvid", "data.root={tmp}/données"],
+        "data.root={tmp}/données: Hydra cannot read this value unquoted (non-ASCII letters, spaces, "
+        "brackets); quote it: 'data.root=\"{tmp}/données\"'",
+    ),
+    (
+        "train.py",
+        ["paths.log_dir={file}"],
+        "paths.log_dir={file}: is an existing file; expected a directory to write into",
+    ),
+    (
+        "train.py",
+        ["hydra.run.dir={file}/run"],
+        "hydra.run.dir={file}/run: cannot be created: {file} is a file; expected a directory path",
+    ),
+    ("train.py", ["trainer.max_epoch=1"], "Could not override 'trainer.max_epoch'. To append to your config"),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}/my", "image", "out={tmp}/o"],
+        "'image' is not key=value: the shell split the value of input at a space; quote the whole "
+        "override: 'input=\"{tmp}/my image\"'",
+    ),
     ("eval.py", ["checkpoint={text}", "num_examples=-1"], "num_examples=-1: expected an integer >= 0"),
     (
         "eval.py",
@@ -139,3 +173,16 @@ def test_a_dataloader_workers_error_is_its_own_message_with_the_traceback_logged
     assert cli.user_message(reraised.value) == problem
     assert logged == [str(reraised.value)]
     assert cli.user_message(ValueError("data.batch_size=-1: expected")) == "data.batch_size=-1: expected"
+
+
+def test_a_read_only_log_dir_is_one_line_before_hydra_writes(files, tmp_path, monkeypatch, capsys):
+    """As a user without write access sees a chmod 555 folder (root, which runs CI, writes anywhere)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(config.os, "access", lambda path, mode: Path(path) != locked)
+    status = run_command("train.py", [f"paths.log_dir={locked}"], files["logs"], monkeypatch)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(err) == 1, err
+    expected = f"paths.log_dir={locked}: cannot be written: {locked} is not writable by this user"
+    assert err[0] == f"train.py: {expected}"
+    assert not any(locked.iterdir())
