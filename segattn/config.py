@@ -73,11 +73,16 @@ def positive_size(value: Any) -> bool:
     return len(sides) in (1, 2) and all(is_int(side) and side > 0 for side in sides)
 
 
+def optional_size(value: Any) -> bool:
+    return value is None or positive_size(value)
+
+
 def batch_limit(value: Any) -> bool:
     """Lightning's ``limit_*_batches``: null, a batch count, or a fraction in [0, 1]."""
     return value is None or (is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1)
 
 
+EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")  # segattn.export.command.FORMATS
 # key: (what is expected, check). A key absent from the composed config (another command) is skipped.
 VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "seed": ("an integer", is_int),
@@ -131,6 +136,8 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "optimizer.eps": ("a number > 0", lambda v: is_number(v) and v > 0),
     "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
     "validation.crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "validation.crop_size": ("null or a positive size: H or [H, W] in pixels", optional_size),
+    "validation.stride": ("null or a positive size: H or [H, W] in pixels", optional_size),
     "validation.scales": (
         "a non-empty list of numbers > 0",
         lambda v: isinstance(v, list) and bool(v) and all(is_number(x) and x > 0 for x in v),
@@ -144,6 +151,10 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "width": ("an integer >= 1 (pixels)", int_at_least(1)),
     "atol": ("a number > 0", lambda v: is_number(v) and v > 0),
     "threads": ("an integer >= 0 (0: the default)", int_at_least(0)),
+    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),  # predict
+    "crop": ("null or a positive size: H or [H, W] in pixels", optional_size),
+    "stride": ("null or a positive size: H or [H, W] in pixels", optional_size),
+    "format": (f"one of {', '.join(EXPORT_FORMATS)}", lambda v: v in EXPORT_FORMATS),  # export
 }
 ABSENT = object()
 
@@ -173,6 +184,8 @@ def check_values(cfg: DictConfig) -> None:
         value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         if not ok(value):
             problems.append(f"{key}={shown(value)}: expected {expected}")
+    if cfg.get("mode") == "slide" and cfg.get("crop") is None:  # predict
+        problems.append("mode=slide needs crop=H or crop=[H,W] (the window size)")
     if problems:
         raise ValueError("; ".join(problems))
     if cfg.get("out") is not None:
@@ -211,7 +224,7 @@ def check_run_name(run_name: Any) -> None:
         )
 
 
-def check_data_root(data: DictConfig) -> None:
+def check_data_root(data: DictConfig | dict[str, Any]) -> None:
     """A dataset read from disk needs ``data.root`` to be a folder. Unknown names are left to the
     dataset registry, whose error lists the valid ones; the synthetic dataset has no files."""
     from .data.registry import available_datasets  # the data stack is heavy; only train and eval need it

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 from torch.utils.data import DataLoader
 
-from ..config import check_validation, config_dir
+from ..config import check_data_root, check_validation, config_dir
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.errors import DataError
@@ -44,6 +44,7 @@ def data_config(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"data.root is not set; dataset {data.get('name')!r} needs the folder holding its files"
         )
+    check_data_root(data)  # a missing folder is named as train.py names it
     return data | {"mean": info["mean"], "std": info["std"], "num_classes": None, "validate": False}
 
 

@@ -13,7 +13,9 @@ from torch._utils import ExceptionWrapper
 
 from segattn import cli, config
 from segattn.data.errors import DataError
+from segattn.evaluation.command import data_config
 from segattn.export import main as export_main
+from segattn.export.command import FORMATS
 from segattn.predict import main as predict_main
 
 HYDRA_APPS = {"train.py": cli.train, "eval.py": cli.evaluate}
@@ -88,6 +90,26 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         ["checkpoint={text}", "input={tmp}/my", "image", "out={tmp}/o"],
         "'image' is not key=value: the shell split the value of input at a space; quote the whole "
         "override: 'input=\"{tmp}/my image\"'",
+    ),
+    (
+        "train.py",
+        ["validation.mode=slide", "validation.crop_size=[0,0]"],
+        "validation.crop_size=[0, 0]: expected null or a positive size: H or [H, W] in pixels",
+    ),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "mode=bogus"],
+        "mode='bogus': expected one of whole, slide",
+    ),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "mode=slide"],
+        "mode=slide needs crop=H or crop=[H,W] (the window size)",
+    ),
+    (
+        "segattn.export",
+        ["checkpoint={text}", "format=tflite", "out={tmp}/o"],
+        "format='tflite': expected one of onnx, torchscript, safetensors",
     ),
     ("eval.py", ["checkpoint={text}", "num_examples=-1"], "num_examples=-1: expected an integer >= 0"),
     (
@@ -186,3 +208,19 @@ def test_a_read_only_log_dir_is_one_line_before_hydra_writes(files, tmp_path, mo
     expected = f"paths.log_dir={locked}: cannot be written: {locked} is not writable by this user"
     assert err[0] == f"train.py: {expected}"
     assert not any(locked.iterdir())
+
+
+def test_eval_names_a_missing_data_root_as_train_does(tmp_path):
+    """eval.py with a dataset read from disk: the folder is checked before the dataset reads it (it said
+    "has no classes.json" for data=folder)."""
+    cfg = cli.compose_command("eval", ["checkpoint=x.ckpt", "data=folder", f"data.root={tmp_path}/nope"])
+    with pytest.raises(FileNotFoundError) as error:
+        data_config(cfg, {"mean": [0.5] * 3, "std": [0.5] * 3})
+    assert str(error.value) == (
+        f"data.root={tmp_path}/nope: does not exist; expected the folder holding dataset 'folder' "
+        "(see data/README.md)"
+    )
+
+
+def test_the_export_formats_checked_are_the_ones_export_writes():
+    assert config.EXPORT_FORMATS == FORMATS
