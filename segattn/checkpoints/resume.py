@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .pickles import refused_pickle
+
 LAST = "last.ckpt"
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives
 
@@ -45,10 +47,7 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        raise ValueError(
-            f"{key}={path}: refused to unpickle (weights_only=True allows only tensors and plain data): "
-            + " ".join(str(error).split())
-        ) from None
+        raise refused_pickle(key, path, error) from None
     except RuntimeError as error:
         raise ValueError(
             f"{key}={path}: unreadable checkpoint: {' '.join(str(error).split())[:300]}"

@@ -18,6 +18,7 @@ from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import load_file
 from torch import Tensor
 
+from ..checkpoints.pickles import not_a_weights_file, refused_pickle
 from .encoder import Encoder
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
@@ -47,17 +48,25 @@ def read_weights_file(path: Path) -> dict[str, Tensor]:
             + HOW_TO_PROVIDE.format(name="<timm model name>")
         )
     if path.suffix == ".safetensors":
-        return load_file(path)
+        try:
+            return load_file(path)
+        except Exception as error:  # safetensors raises its own SafetensorError for a bad header
+            raise ValueError(f"model.pretrained={path}: unreadable .safetensors file: {error}") from None
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    expected = "a .safetensors file or a torch.save state_dict (.pth, .pt, .bin, .ckpt)"
+    if (
+        error := not_a_weights_file("model.pretrained", path, head, path.stat().st_size, expected)
+    ) is not None:
+        raise error
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        first = " ".join(str(error).split())[:200]
+        raise refused_pickle("model.pretrained", path, error) from None
+    except (RuntimeError, EOFError, IndexError, KeyError, ValueError) as error:  # truncated or foreign
+        text = " ".join(str(error).split())[:200] or type(error).__name__
         raise ValueError(
-            f"pretrained={str(path)!r}: refused to unpickle (weights_only=True allows only tensors and plain "
-            f"data): {first}. A training checkpoint that also stores Python objects (the official FLatten / "
-            "Agent / PolaFormer releases may keep their yacs config beside 'model') can be reduced to its "
-            "weights once, if you trust the file: python -c \"import torch; torch.save(torch.load('IN.pth', "
-            "weights_only=False)['model'], 'OUT.pth')\""
+            f"model.pretrained={path}: unreadable weights file ({text}); expected {expected}"
         ) from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):

@@ -379,11 +379,14 @@ class TrainingConfig:
     epochs: int = 300
 
 
-def test_checkpoint_with_python_objects_is_refused_with_the_fix(tmp_path: Path) -> None:
+def test_checkpoint_with_python_objects_is_refused_naming_what_it_would_call(tmp_path: Path) -> None:
+    """Refused, saying that the file asks to run code and what it would call, without suggesting
+    weights_only=False (issue 27)."""
     path = tmp_path / "flatten_pvt_tiny.pth"
     torch.save({"model": {"pos_embed1": torch.zeros(1)}, "config": TrainingConfig()}, path)
     with pytest.raises(ValueError) as error:
         build_model("pvt", 3, attention="flatten", pretrained=str(path), **V1)
     message = str(error.value)
-    assert message.startswith(f"pretrained={str(path)!r}: refused to unpickle (weights_only=True")
-    assert "torch.load('IN.pth', weights_only=False)['model']" in message
+    assert message.startswith(f"model.pretrained={path}: refused to unpickle (weights_only=True): the file")
+    assert f"may call {TrainingConfig.__module__}.TrainingConfig." in message
+    assert "weights_only=False" not in message

@@ -17,6 +17,7 @@ from segattn import load_model
 from segattn.checkpoints.atomic import AtomicCheckpointIO
 from segattn.checkpoints.resume import load_weights, read_checkpoint
 from segattn.models import build_model
+from segattn.models.pretrained import read_weights_file
 from segattn.training import run as train
 
 TINY_VIT = {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8, "head_channels": 8}
@@ -132,3 +133,33 @@ def test_exported_model_yaml_with_python_tags_or_target_is_refused(tmp_path, no_
     with pytest.raises(ValueError, match=r"model\.yaml\.model\._target_ is refused"):
         load_model(export)
     assert no_shell == [] and not marker.exists()
+
+
+def test_a_refused_pickle_says_it_asks_to_run_code_and_names_the_call(tmp_path):
+    """A weights file with a pickled object beside its tensors (model.pretrained, ckpt_path, init_from,
+    checkpoint=): the line says why it is refused and what it would call, and never suggests turning the
+    protection off (torch's own message suggests weights_only=False)."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "release.pth"
+    torch.save({"model": {"w": torch.zeros(2)}, "state_dict": {}, "config": Bomb(marker)}, path)
+    call = f"{os.system.__module__}.system"  # posix.system on Linux
+    for key, read in (("model.pretrained", read_weights_file), ("ckpt_path", read_checkpoint)):
+        with pytest.raises(ValueError) as error:
+            read(path) if key == "model.pretrained" else read(path, key)
+        message = str(error.value)
+        assert message.startswith(f"{key}={path}: refused to unpickle (weights_only=True): the file asks to ")
+        assert f"run code: when unpickled it would import and may call {call}." in message
+        assert "weights_only=False" not in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_a_file_that_is_not_weights_is_named_in_one_line(tmp_path):
+    """model.pretrained=/etc/passwd used to end in a Hydra traceback from the unpickler's IndexError."""
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(ValueError) as error:
+        build_model("vit", num_classes=3, attention="linear", pretrained=str(text), **TINY_VIT)
+    assert str(error.value) == (
+        f"model.pretrained={text}: not a weights file: a file of 32 bytes starting with b'root'; expected a "
+        ".safetensors file or a torch.save state_dict (.pth, .pt, .bin, .ckpt)"
+    )
