@@ -253,6 +253,31 @@ def check_config(cfg: DictConfig) -> None:
         )
     check_validation(cfg.validation)
     check_fsdp(cfg)
+    check_accelerator(cfg)
+
+
+# The CPU form of each multi-process trainer config that needs GPUs (conf/trainer/<name>.yaml).
+CPU_FORMS = {"spatial": "spatial_cpu", "fsdp": "fsdp_cpu", "ddp": "ddp_cpu"}
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """``trainer.accelerator=gpu`` (or cuda) on a machine without a CUDA GPU: one line naming the CPU form
+    of the trainer config, where Lightning ends in "No supported gpu backend found!"."""
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    if accelerator not in ("gpu", "cuda"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    name = strategy.get("name") if OmegaConf.is_dict(strategy) else strategy
+    hint = (
+        f"trainer={CPU_FORMS[name]} is the CPU form of trainer={name}"
+        if name in CPU_FORMS
+        else "use trainer.accelerator=cpu (or auto)"
+    )
+    raise ValueError(f"trainer.accelerator={accelerator}: no CUDA GPU is available on this machine; {hint}")
 
 
 # Precisions Lightning's ModelParallelStrategy (under trainer.strategy.name=fsdp) accepts.

@@ -224,3 +224,21 @@ def test_eval_names_a_missing_data_root_as_train_does(tmp_path):
 
 def test_the_export_formats_checked_are_the_ones_export_writes():
     assert config.EXPORT_FORMATS == FORMATS
+
+
+@pytest.mark.parametrize(
+    ("trainer", "hint"),
+    [
+        ("spatial", "trainer=spatial_cpu is the CPU form of trainer=spatial"),
+        ("ddp", "trainer=ddp_cpu is the CPU form of trainer=ddp"),
+        ("gpu", "use trainer.accelerator=cpu (or auto)"),
+    ],
+)
+def test_a_gpu_trainer_without_a_gpu_names_its_cpu_form(trainer, hint, files, monkeypatch, capsys):
+    """Lightning ended in "No supported gpu backend found!" (a traceback)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    status = run_command("train.py", [f"trainer={trainer}"], files["logs"], monkeypatch)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(err) == 1, err
+    assert err[0] == f"train.py: trainer.accelerator=gpu: no CUDA GPU is available on this machine; {hint}"
+    assert not any(files["logs"].iterdir())

@@ -65,7 +65,7 @@ def test_two_bands_times_two_images_equal_data_parallel(results):
 
 def test_what_cannot_be_split_is_refused_by_name(results):
     softmax, small = results[0][-len(REFUSED) :]
-    assert "SoftmaxAttention cannot be split into bands" in softmax["error"]
+    assert "attention=softmax cannot be split into bands" in softmax["error"]
     assert "attention=efficient, linear, taylor, flatten or performer" in softmax["error"]
     assert "too small to split into 2 bands" in small["error"]
     assert "at least 192 rows" in small["error"]

@@ -56,5 +56,5 @@ def test_a_variant_without_a_band_form_is_refused_by_name(name):
     with pytest.raises(ValueError) as error:
         check_band_variant(model)
     message = str(error.value)
-    assert f"attention {attention_class(name).__name__} cannot be split into bands" in message
+    assert message.startswith(f"attention={name} cannot be split into bands")  # the setting, not a class
     assert "use attention=efficient, linear, taylor, flatten or performer" in message
