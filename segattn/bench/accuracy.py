@@ -293,7 +293,8 @@ def measure_costs(
 ) -> dict[str, dict]:
     """Per variant: training-step seconds and peak memory at its batch and crop, and the largest trainable
     square image at batch 1 within the maxres budget; reused from ``costs.json``. Arms that train the same
-    network at the same batch and crop are timed together (round-robin), so their ratios are fair."""
+    network at the same batch and crop are timed together (round-robin), so their ratios are fair; arms
+    that differ only in their data (``data.downsample``) share one timing."""
     path = out_dir / COSTS_FILE
     stored = read_costs(path, cost_settings(settings, recipe, device))
     labels = [variant.label for variant in settings.variants]
@@ -305,9 +306,15 @@ def measure_costs(
     for arm, specs in groups.values():
         if all(spec.label in stored["steps"] for spec in specs):
             continue
+        twins: dict[str, list[str]] = {}  # one timing per distinct network: flatten-x4 trains flatten's
+        unique: dict[str, Spec] = {}
+        for spec in specs:
+            key = json.dumps([spec.name, spec.options], sort_keys=True)
+            unique.setdefault(key, spec)
+            twins.setdefault(unique[key].label, []).append(spec.label)
         model_settings = ModelSettings(
             models=[arm.model],
-            variants=specs,
+            variants=list(unique.values()),
             image_sizes=[arm.crop],
             dtypes=["fp32"],
             batch=arm.batch,
@@ -319,10 +326,11 @@ def measure_costs(
         measure_memory(rows, model_settings, device)
         for row in rows:
             if row["status"] == "ok":
-                stored["steps"][row["variant"]] = {
-                    "step_seconds": row.get("seconds"),
-                    "peak_bytes": row.get("peak_bytes"),
-                }
+                for label in twins[row["variant"]]:
+                    stored["steps"][label] = {
+                        "step_seconds": row.get("seconds"),
+                        "peak_bytes": row.get("peak_bytes"),
+                    }
         write_costs(path, stored)
     if settings.maxres_budget_gib:
         budget = int(settings.maxres_budget_gib * (1 << 30))
