@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,25 @@ def read_rgb(path: Path) -> np.ndarray:
     try:
         with Image.open(path) as image:
             return np.asarray(image.convert("RGB"))
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
+    except Image.DecompressionBombError as error:
+        raise ValueError(too_large(path, error)) from None
+    except (OSError, ValueError) as error:
         raise ValueError(f"cannot read image {path}: {error}") from None
+
+
+def too_large(path: Path, error: Exception) -> str:
+    """Why an image too large to hold whole (Pillow refuses it) is skipped, and the setting that reads it
+    by window instead (a TIFF) or what to convert it to (any other format)."""
+    pixels = re.search(r"\((\d+) pixels\)", str(error))
+    size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+    how = (
+        "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"
+        if is_raster(path)
+        else "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide "
+        "crop=1024, which streams TIFFs by window"
+    )
+    limit = f"Pillow's limit {Image.MAX_IMAGE_PIXELS:,}"
+    return f"image {path} has {size}, more than is read whole ({limit}); {how}"
 
 
 def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:

@@ -58,3 +58,27 @@ def test_find_images_accepts_file_dir_and_glob(tmp_path):
     assert [p.name for p in find_images(str(tmp_path / "a.jpg"))] == ["a.jpg"]
     with pytest.raises(FileNotFoundError, match="matches no image"):
         find_images(str(tmp_path / "*.tif"))
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("scene.tif", "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"),
+        (
+            "scene.png",
+            "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide crop=1024",
+        ),
+    ],
+)
+def test_an_image_too_large_to_read_whole_names_the_setting_that_streams_it(tmp_path, monkeypatch, name, how):
+    """predict without mode=slide on a 20,000² GeoTIFF ended in Pillow's "decompression bomb" text; here
+    Pillow's limit is lowered so that a 20×20 image stands for it."""
+    path = tmp_path / name
+    Image.new("RGB", (20, 20)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # refused above twice this: 400 pixels are
+    with pytest.raises(ValueError) as error:
+        read_rgb(path)
+    assert str(error.value) == (
+        f"image {path} has 400 pixels, more than is read whole (Pillow's limit 100); {how}"
+        + ("" if name.endswith(".tif") else ", which streams TIFFs by window")
+    )
