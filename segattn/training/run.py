@@ -200,7 +200,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if resumed is not None:  # the same architecture, or one line naming each difference
         check_resumable(resumed, module.model.config, resume_from)
         finished = nothing_left_to_train(resumed, cfg.trainer.max_epochs, cfg.trainer.max_steps)
-        if finished:
+        if finished and untested_own_checkpoint(cfg, resume_from, run_dir):
+            rank_zero_info(f"ckpt_path={cfg.ckpt_path}: nothing left to train ({finished}); testing it")
+        elif finished:
             raise NothingToDo(
                 f"ckpt_path={cfg.ckpt_path}: nothing left to train: {finished}; raise trainer.max_epochs "
                 f"(or trainer.max_steps) to train on, or score it with eval.py checkpoint={resume_from}"
@@ -227,6 +229,15 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print_summary(summary)
     return summary
+
+
+def untested_own_checkpoint(cfg: DictConfig, checkpoint: Path, run_dir: Path) -> bool:
+    """Whether ``checkpoint`` is this run directory's own and the run was stopped after training but before
+    its test step wrote ``summary.json`` (a job killed while testing): resuming it then only tests."""
+    if not cfg.test_after_fit or not Path(checkpoint).resolve().is_relative_to(run_dir.resolve()):
+        return False
+    summary = run_dir / "summary.json"
+    return not (summary.is_file() and json.loads(summary.read_text()).get("test"))
 
 
 def run_test(
