@@ -159,6 +159,19 @@ def window_progress(bar: Any, task: Any) -> Callable[[int, int], None]:
     return lambda done, total: bar.update(task, completed=done, total=total)
 
 
+def resume_note(path: Path) -> Callable[[int, int, Path], None]:
+    """``on_resume`` of a streamed raster: say where the run continues an earlier one's partial mask."""
+
+    def note(row: int, height: int, partial: Path) -> None:
+        print(
+            f"segattn.predict: {path}: continuing at row {row} of {height} in {partial}, where an "
+            "earlier run with the same input, model and settings stopped",
+            file=sys.stderr,
+        )
+
+    return note
+
+
 def predict_rasters(
     model: Any, info: dict[str, Any], files: list[Path], out: Path, settings: SlideSettings
 ) -> tuple[int, list[tuple[Path, str]]]:
@@ -180,6 +193,7 @@ def predict_rasters(
                     out,
                     settings,
                     window_progress(bar, task),
+                    on_resume=resume_note(path),
                 )
             except ValueError as error:
                 print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)

@@ -112,11 +112,13 @@ def predict_raster(
     settings: SlideSettings,
     on_windows: Callable[[int, int], None] | None = None,
     after_strip: Callable[[int], None] | None = None,
+    on_resume: Callable[[int, int, Path], None] | None = None,
 ) -> Path:
     """Segment the raster ``path`` into ``out/masks/<stem>.tif`` (and its overview); returns the mask path.
 
     ``on_windows(done, total)`` follows progress in windows; ``after_strip(rows_done)`` runs after each
-    strip is recorded (tests stop a run there). Raises ValueError naming the file (and window) on bad input.
+    strip is recorded (tests stop a run there); ``on_resume(row, height, partial)`` is told where a run
+    continues an earlier one's partial mask. Raises ValueError naming the file (and window) on bad input.
     """
     files = outputs(out, path)
     with raster_env(), torch.inference_mode():
@@ -128,6 +130,8 @@ def predict_raster(
             if start == 0:
                 files["mask"].parent.mkdir(parents=True, exist_ok=True)
                 create_mask(files["partial"], image.size, info["num_classes"], image.profile)
+            elif on_resume is not None:
+                on_resume(start, height, files["partial"])
             windows = slide_windows(height, width, settings.crop, settings.stride)
             views = 2 if settings.flip else 1
             total, done = len(windows) * views, first_job(windows, start, settings.crop_batch_size) * views

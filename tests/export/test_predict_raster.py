@@ -20,7 +20,7 @@ from segattn.inference.infer import infer
 from segattn.inference.raster import check_pair, raster_env
 from segattn.inference.raster_predict import outputs, predict_raster
 from segattn.inference.tiling import SlideSettings
-from segattn.predict import main
+from segattn.predict import main, predict_rasters
 
 SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows
 SMALL_SIZE = (700, 1100)
@@ -214,3 +214,16 @@ def test_a_mask_on_another_grid_is_named(tmp_path):
 def test_a_stream_value_that_is_not_a_boolean_is_named(tmp_path, capsys):
     assert main(["checkpoint=m", "input=i.tif", f"out={tmp_path / 'out'}", "stream=maybe"]) == 2
     assert "stream='maybe': expected true or false" in capsys.readouterr().err
+
+
+def test_a_resumed_stream_says_where_it_continues(small_raster, tmp_path, capsys):
+    """It continued silently before (issue 27)."""
+    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    out = tmp_path / "out"
+    stop_after_first_strip(model, info, small_raster, out, SMALL)
+    assert predict_rasters(model, info, [small_raster], out, SMALL) == (1, [])
+    partial = outputs(out, small_raster)["partial"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"segattn.predict: {small_raster}: continuing at row 256 of 700 in {partial}, where an earlier "
+        "run with the same input, model and settings stopped"
+    ]
