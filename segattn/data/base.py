@@ -77,9 +77,13 @@ class SegDatasetBase(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         image, mask = self.load(index)
         out = self.transform(image=image, mask=mask)
+        return self.item(index, out["image"], out["mask"])
+
+    def item(self, index: int, image: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+        """The item of a transformed image ([H, W, 3] float) and mask ([H, W] ids)."""
         return {
-            "image": torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))),
-            "mask": torch.from_numpy(out["mask"].astype(np.int64)),
+            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "mask": torch.from_numpy(mask.astype(np.int64)),
             "path": self.describe(index),
         }
 

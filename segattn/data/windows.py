@@ -29,14 +29,36 @@ from typing import Any
 
 import cv2
 import numpy as np
-import torch
 
 from .base import Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
 from .labels import IGNORE_INDEX, Color
 
 
-class WindowCropDataset(SegDatasetBase):
+class CachedDataset(SegDatasetBase):
+    """Items of samples read through a ``DecodedCache``, images shrunk by ``factor``."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        classes: list[str],
+        palette: list[Color],
+        transform: Transform,
+        cache: DecodedCache,
+        factor: int = 1,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        self.samples, self.classes, self.palette = samples, list(classes), list(palette)
+        self.transform, self.cache, self.factor, self.ignore_index = transform, cache, factor, ignore_index
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        return str(self.samples[index].image)
+
+
+class WindowCropDataset(CachedDataset):
     """Training items: random (foreground-centred part of the time) crops of cached, optionally shrunk
     images, followed by ``transform`` (flips, rotation, colour, normalisation, padding to the crop)."""
 
@@ -56,17 +78,10 @@ class WindowCropDataset(SegDatasetBase):
     ) -> None:
         if not 0.0 <= foreground_prob <= 1.0:
             raise ValueError(f"data.foreground_prob={foreground_prob}; expected a probability in [0, 1]")
-        self.samples, self.classes, self.palette = samples, list(classes), list(palette)
-        self.transform, self.cache, self.factor = transform, cache, factor
+        super().__init__(samples, classes, palette, transform, cache, factor, ignore_index)
         self.crop_size = crop_size
         self.ratio_range = (float(ratio_range[0]), float(ratio_range[1]))
-        self.foreground_prob, self.background, self.ignore_index = foreground_prob, background, ignore_index
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def describe(self, index: int) -> str:
-        return str(self.samples[index].image)
+        self.foreground_prob, self.background = foreground_prob, background
 
     def window(self, index: int, height: int, width: int, ratio: float) -> tuple[int, int, int, int]:
         """(top, left, h, w) of the source window for one crop of image ``index`` ([height, width])."""
@@ -98,35 +113,12 @@ class WindowCropDataset(SegDatasetBase):
             image = cv2.resize(image, size, interpolation=shrink)
             mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST_EXACT)
         out = self.transform(image=image, mask=mask)
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))),
-            "mask": torch.from_numpy(out["mask"].astype(np.int64)),
-            "path": self.describe(index),
-        }
+        return self.item(index, out["image"], out["mask"])
 
 
-class ReducedDataset(SegDatasetBase):
+class ReducedDataset(CachedDataset):
     """Evaluation items of cached images shrunk by ``factor`` with their full-resolution masks: the model
     predicts at the reduced size and is scored at the original one (the logits are resized to the mask)."""
-
-    def __init__(
-        self,
-        samples: list[Sample],
-        classes: list[str],
-        palette: list[Color],
-        transform: Transform,
-        cache: DecodedCache,
-        factor: int,
-        ignore_index: int = IGNORE_INDEX,
-    ) -> None:
-        self.samples, self.classes, self.palette = samples, list(classes), list(palette)
-        self.transform, self.cache, self.factor, self.ignore_index = transform, cache, factor, ignore_index
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def describe(self, index: int) -> str:
-        return str(self.samples[index].image)
 
     def load_image(self, index: int) -> np.ndarray:
         return np.asarray(self.cache.image(self.samples[index], self.factor))
@@ -141,9 +133,4 @@ class ReducedDataset(SegDatasetBase):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         image, mask = self.load(index)
-        image = self.transform(image=image)["image"]  # image-only: the mask keeps its resolution
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
-            "mask": torch.from_numpy(mask.astype(np.int64)),
-            "path": self.describe(index),
-        }
+        return self.item(index, self.transform(image=image)["image"], mask)  # the mask keeps its size
