@@ -7,6 +7,9 @@ step: Lightning restores the loop counters and ``ResumableDataLoader`` replays t
 Under SLURM the requeue signal (SIGUSR1) also requeues the job (``scontrol requeue``), as Lightning's
 auto-requeue does; Lightning's own handler is replaced because it saves from inside the signal handler,
 which can be in the middle of an optimizer step.
+
+Ctrl-C (SIGINT) is handled the same way, so an interrupted epoch is not lost; a second Ctrl-C before the
+step ends stops at once without saving (Python's KeyboardInterrupt, which Lightning shuts down on).
 """
 
 from __future__ import annotations
@@ -89,12 +92,18 @@ class PreemptionCheckpoint(pl.Callback):
         self.previous = {signum: signal.signal(signum, self.handle) for signum in self.signals}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        """Signal handler: only note the request; the step in progress finishes first."""
+        """Signal handler: only note the request; the step in progress finishes first. A second Ctrl-C
+        stops at once (KeyboardInterrupt, without saving)."""
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
         if self.received is None:
-            log.info(f"received {signal.Signals(signum).name}: stopping after this training step")
+            again = " (Ctrl-C again to stop at once, without saving)" if signum == signal.SIGINT else ""
+            log.info(f"received {signal.Signals(signum).name}: stopping after this training step{again}")
             launcher = self.trainer.strategy.launcher if self.trainer is not None else None
-            if launcher is not None and self.trainer.is_global_zero:
-                launcher.kill(signum)  # ranks this process started itself get the signal too
+            # ranks this process started itself get the signal too; a terminal's Ctrl-C reaches them already
+            if launcher is not None and self.trainer.is_global_zero and signum != signal.SIGINT:
+                launcher.kill(signum)
         self.received = signal.Signals(signum)
 
     def on_train_batch_end(
@@ -110,7 +119,10 @@ class PreemptionCheckpoint(pl.Callback):
         else:
             where = "no checkpoint saved (callbacks.model_checkpoint is off)"
         if trainer.is_global_zero:
-            log.warning(f"preempted by {signum.name} at epoch {trainer.current_epoch}: {where}")
+            how = (
+                f"preempted by {signum.name}" if signum != signal.SIGINT else "interrupted by SIGINT (Ctrl-C)"
+            )
+            log.warning(f"{how} at epoch {trainer.current_epoch}: {where}")
             if self.requeue and signum == signal.SIGUSR1 and SLURMEnvironment.detect():
                 requeue_slurm_job()
         raise Preempted(128 + signum)

@@ -2,7 +2,8 @@
 with the very same command (``ckpt_path=auto``), as a scheduler requeues it: the first run leaves a
 step-exact last.ckpt and exits 143, the second continues at the next step and ends with exactly the
 weights of an uninterrupted run. The uninterrupted run, with stdout sent to a file (``> log.txt``), shows
-the progress lines a run without a terminal writes to stdout and train.log."""
+the progress lines a run without a terminal writes to stdout and train.log. Ctrl-C (SIGINT) does the same
+(exit 130), where it used to stop without saving, losing the epoch; a second Ctrl-C stops at once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from reliability_fixtures import TINY, run_train, train_command, train_env
 from torch.utils.data import TensorDataset
+from train_overrides import compose_config
 
 from segattn.data.resumable import ResumableDataLoader
 from segattn.training.preemption import PreemptionCheckpoint, requeue_slurm_job
@@ -36,6 +38,7 @@ RUN = [
     "trainer.log_every_n_steps=2",
 ]
 SIGTERM_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGTERM"]
+SIGINT_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGINT"]  # Ctrl-C
 
 
 def load(path):
@@ -80,6 +83,37 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
         stopped["state_dict"]["model.head.classifier.weight"],
         expected["state_dict"]["model.head.classifier.weight"],
     )
+
+    # Ctrl-C: the same step-exact save and resume, exit status 128 + SIGINT
+    interrupted = run_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
+    assert interrupted.returncode == 128 + signal.SIGINT, interrupted.stderr[-3000:]
+    text = interrupted.stdout + interrupted.stderr
+    assert "received SIGINT: stopping after this training step (Ctrl-C again to stop at once" in text
+    assert "interrupted by SIGINT (Ctrl-C) at epoch 1: saved " in text
+    last = logs / "ctrl_c" / "checkpoints" / "last.ckpt"
+    assert (load(last)["epoch"], load(last)["global_step"]) == (1, 6)
+    resumed = run_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    final = load(last)
+    assert final["global_step"] == 8
+    for name, value in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], value), name
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    """The first Ctrl-C asks for a save after the step; a second, before the step ends, does not wait."""
+    callback = PreemptionCheckpoint(signals=["SIGTERM", "SIGINT"])
+    callback.handle(signal.SIGINT, None)
+    assert callback.received == signal.SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            callback.handle(signal.SIGINT, None)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_ctrl_c_is_a_preemption_signal_by_default():
+    assert "SIGINT" in compose_config([]).callbacks.preemption.signals
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
