@@ -149,18 +149,19 @@ def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(expor
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("overrides", "message", "status"),
     [
         (
             ["checkpoint=exported/model.onnx"],
             "checkpoint=exported/model.onnx: streaming a TIFF by window needs",
+            1,
         ),
-        (["scales=[0.5,1.0]"], "scales=[0.5, 1.0]: a streamed TIFF takes flip TTA only"),
-        (["crop=null"], "mode=slide needs crop=H or crop=[H,W]"),
+        (["scales=[0.5,1.0]"], "scales=[0.5, 1.0]: a streamed TIFF takes flip TTA only", 1),
+        (["crop=null"], "mode=slide needs crop=H or crop=[H,W]", 2),  # a config error, checked first
     ],
 )
 def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
-    exported, small_raster, tmp_path, capsys, overrides, message
+    exported, small_raster, tmp_path, capsys, overrides, message, status
 ):
     args = [
         f"checkpoint={exported}",
@@ -169,7 +170,7 @@ def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
         "mode=slide",
         "crop=64",
     ]
-    assert main([*args, *overrides]) == 1
+    assert main([*args, *overrides]) == status
     error = capsys.readouterr().err.strip()
     assert message in error and len(error.splitlines()) == 1
     assert not (tmp_path / "out").exists()
@@ -223,7 +224,8 @@ def test_a_resumed_stream_says_where_it_continues(small_raster, tmp_path, capsys
     stop_after_first_strip(model, info, small_raster, out, SMALL)
     assert predict_rasters(model, info, [small_raster], out, SMALL) == (1, [])
     partial = outputs(out, small_raster)["partial"]
-    assert capsys.readouterr().err.splitlines() == [
+    lines = capsys.readouterr().err.splitlines()  # GDAL's notes may reach a log handler of an earlier test
+    assert [line for line in lines if line.startswith("segattn.predict:")] == [
         f"segattn.predict: {small_raster}: continuing at row 256 of 700 in {partial}, where an earlier "
         "run with the same input, model and settings stopped"
     ]
