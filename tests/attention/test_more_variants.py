@@ -310,7 +310,10 @@ def test_performer_fast_path_gradients_equal_autograd_through_the_formula() -> N
         strict=True,
     ):
         assert (mine - theirs).abs().max() <= 1e-12
-    assert torch.autograd.gradcheck(lambda a, b, c: performer_attention(a, b, c, projection), (q, k, v))
+    # fast mode checks random projections of the Jacobian (a few passes) instead of one per input element
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: performer_attention(a, b, c, projection), (q, k, v), fast_mode=True
+    )
 
 
 def test_performer_redraws_on_schedule_in_training_and_never_in_eval() -> None:
