@@ -89,11 +89,13 @@ def default_variants(smoke: bool, experiment: str = "") -> list[str]:
 
 @dataclass(frozen=True)
 class Recipe:
-    """What the cost measurements take from the composed experiment: the same network, batch and crop."""
+    """What the cost measurements take from the composed experiment: the same network, batch and crop;
+    and the classes its mAP averages (``metrics.ap_mean_classes``), which the resolution plot shows."""
 
     model: Spec
     batch: int
     crop: int
+    mean_classes: list[str] | None = None
 
 
 def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
@@ -111,7 +113,9 @@ def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
     if crop[0] != crop[1]:
         raise ValueError(f"bench accuracy: data.crop_size={crop}; the step cost is measured on square crops")
     label = f"{name}-{options['size']}" if options.get("size") else name
-    return Recipe(Spec(name, options, label), int(cfg.data.batch_size), crop[0])
+    mean_classes = cfg.metrics.ap_mean_classes
+    mean_classes = None if mean_classes is None else [str(c) for c in mean_classes]
+    return Recipe(Spec(name, options, label), int(cfg.data.batch_size), crop[0], mean_classes)
 
 
 CONFIG_GROUPS = ("model", "data", "loss", "optimizer", "scheduler", "trainer", "validation", "metrics")
@@ -491,9 +495,8 @@ def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list
     plot(table, out_dir / "accuracy.png", title)
     plots = f"plot {out_dir / 'accuracy.png'}"
     if any(row["downsample"] > 1 for row in table):
-        plot_resolution(
-            table, out_dir / "resolution.png", f"{settings.experiment}, {len(settings.seeds)} seed(s)"
-        )
+        subtitle = f"{settings.experiment}: test AP of each arm's best checkpoint, mean over seeds"
+        plot_resolution(table, out_dir / "resolution.png", subtitle, recipe.mean_classes)
         plots += f", {out_dir / 'resolution.png'}"
     caption = (
         f"experiment={settings.experiment}; test scores of each run's best checkpoint; s/step and peak "

@@ -52,24 +52,32 @@ def average_precision_markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_resolution(table: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Two panels against the scale the arm trains and predicts at (1 = full resolution, 1/f for
-    ``data.downsample`` = f): the AP of the first per-class column (IDRiD: microaneurysms) and the mean AP.
-    Arms of one attention at several scales are joined by a line; other arms are single markers."""
+def plot_resolution(
+    table: list[dict[str, Any]], path: Path, title: str, classes: list[str] | None = None
+) -> None:
+    """One panel per class of ``classes`` (the experiment's ``metrics.ap_mean_classes``; default every
+    per-class column) and one for the mean AP, against the scale the arm trains and predicts at (1 = full
+    resolution, 1/f for ``data.downsample`` = f). Arms of one attention at several scales are joined by a
+    line; other arms are single markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = class_columns(table, "test_AP_")[:1]
-    panels = [(f"test_AP_{first[0]}_mean", f"AP {first[0]} (%)")] if first else []
+    names = classes or class_columns(table, "test_AP_")
+    panels = [(f"test_AP_{name}_mean", f"AP {name} (%)") for name in names]
     panels.append(("test_mAP_mean", "test mAP (%)"))
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    columns = min(3, len(panels))
+    rows_count = -(-len(panels) // columns)
+    figure, grid = plt.subplots(rows_count, columns, figsize=(4.8 * columns, 4 * rows_count), squeeze=False)
+    axes = grid.ravel()
+    for spare in axes[len(panels) :]:
+        spare.set_visible(False)
     scaled = {row["attention"] for row in table if row["downsample"] > 1}  # these form lines
     series: dict[str, list[dict[str, Any]]] = {}
     for row in table:
         series.setdefault(row["attention"] if row["attention"] in scaled else row["variant"], []).append(row)
-    for axis, (key, label) in zip(axes[0], panels, strict=True):
+    for axis, (key, label) in zip(axes, panels, strict=False):
         for name, rows in series.items():
             points = sorted((1 / r["downsample"], r[key]) for r in rows if r.get(key) is not None)
             if points:
@@ -80,7 +88,7 @@ def plot_resolution(table: list[dict[str, Any]], path: Path, title: str) -> None
         axis.set_xlabel("image scale (1 = full resolution)")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
+    axes[len(panels) - 1].legend(fontsize=8)
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
