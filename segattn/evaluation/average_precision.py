@@ -17,8 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric
+
+from .metrics import SegmentationMetric
 
 DEFAULT_BINS = 1000
 
@@ -88,6 +91,22 @@ class AveragePrecisionMetric(Metric):
         """``AP`` [K] and ``mAP`` (percent; NaN where undefined)."""
         ap = average_precision_from_histograms(self.positives, self.negatives)
         return {"AP": ap, "mAP": ap[self.mean_classes].nanmean()}
+
+
+def score_logits(
+    logits: Tensor, masks: Tensor, metric: SegmentationMetric, ap: AveragePrecisionMetric
+) -> Tensor:
+    """Add a batch of logits [B, K, h, w] to the IoU ``metric`` (argmax) and to ``ap`` (softmax) against
+    ``masks`` [B, H, W]; logits smaller than the masks (a dataset read at ``data.downsample``) are resized
+    bilinearly to them first. Returns the predicted class ids [B, H, W]. Validation, the test step and
+    eval.py all score through here."""
+    logits = logits.float()
+    if logits.shape[-2:] != masks.shape[-2:]:
+        logits = F.interpolate(logits, masks.shape[-2:], mode="bilinear", align_corners=False)
+    preds = logits.argmax(dim=1)
+    metric.update(preds, masks)
+    ap.update(logits.softmax(dim=1), masks)
+    return preds
 
 
 def class_ids(names: Sequence[str] | None, classes: Sequence[str], key: str) -> list[int] | None:

@@ -25,7 +25,7 @@ from ..data.datamodule import seg_collate
 from ..data.errors import DataError
 from ..data.raster import RasterLayout
 from . import report
-from .average_precision import AveragePrecisionMetric, class_ids
+from .average_precision import AveragePrecisionMetric, class_ids, score_logits
 from .metrics import SegmentationMetric
 from .predictors import Predictor, load_predictor
 from .rasters import score_rasters
@@ -121,12 +121,8 @@ def score_loader(
     with Progress(transient=False) as bar:
         task = bar.add_task(f"evaluating {split}", total=len(loader.dataset))
         for batch in loader:
-            logits = predict(batch["image"])
-            if logits.shape[-2:] != batch["mask"].shape[-2:]:
-                logits = F.interpolate(logits, batch["mask"].shape[-2:], mode="bilinear", align_corners=False)
-            preds, size = logits.argmax(dim=1), logits.shape[-2:]
-            metric.update(preds, batch["mask"])
-            ap.update(logits.softmax(dim=1), batch["mask"])
+            preds = score_logits(predict(batch["image"]), batch["mask"], metric, ap)
+            size = preds.shape[-2:]
             for index in range(len(preds)):
                 if len(examples) < num_examples:
                     examples.append(

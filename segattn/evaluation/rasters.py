@@ -18,7 +18,7 @@ from ..data.raster import RasterLayout, read_labels
 from ..inference.raster import RasterImage, describe_window, raster_env
 from ..inference.raster_predict import raster_strips
 from ..inference.tiling import SlideSettings, default_stride
-from .average_precision import AveragePrecisionMetric
+from .average_precision import AveragePrecisionMetric, score_logits
 from .metrics import SegmentationMetric
 
 
@@ -71,9 +71,7 @@ def score_rasters(
                     window = (row, row + logits.shape[1], 0, width)
                     where = f"{sample.mask} at {describe_window(window)}"
                     labels = sample.decoder(read_labels(sample.mask, window), where)
-                    target = torch.from_numpy(labels)
-                    metric.update(logits.argmax(dim=0), target)
-                    ap.update(logits.float().softmax(dim=0)[None], target[None].long())
+                    score_logits(logits[None], torch.from_numpy(labels)[None].long(), metric, ap)
                     row = window[1]
             finally:
                 image.close()

@@ -8,14 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
-import torch.nn.functional as F
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..checkpoints.resume import restore_rng_state, rng_state
-from ..evaluation.average_precision import AveragePrecisionMetric
+from ..evaluation.average_precision import AveragePrecisionMetric, score_logits
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
 from ..parallel import band_forward
@@ -126,11 +125,7 @@ class SegmentationModule(pl.LightningModule):
         else:
             logits = infer(self.model, batch["image"], self.model.num_classes, **self.inference)
             masks, start = batch["mask"], 0
-            if logits.shape[-2:] != masks.shape[-2:]:
-                logits = F.interpolate(logits, masks.shape[-2:], mode="bilinear", align_corners=False)
-        preds = logits.argmax(dim=1)
-        metric.update(preds, masks)
-        ap.update(logits.float().softmax(dim=1), masks)
+        preds = score_logits(logits, masks, metric, ap)
         return {"preds": preds, "band_start": start}
 
     def on_validation_epoch_end(self) -> None:
