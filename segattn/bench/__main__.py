@@ -256,9 +256,11 @@ def add_op_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kernels",
         nargs="+",
-        choices=["auto", "torch", "triton"],
+        type=flags.kernel,
         help="SEGATTN_KERNEL values to time side by side for the variants with a Triton path "
-        "(default: torch triton on CUDA, auto elsewhere)",
+        "(default: torch triton on CUDA, auto elsewhere); triton:BxWxP also sets the Triton launch: "
+        "tokens per block, warps, reduction programs per multiprocessor (_ keeps a default), "
+        "e.g. triton:128x8x4",
     )
 
 

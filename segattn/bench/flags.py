@@ -72,6 +72,21 @@ def variant(text: str) -> str:
     return text
 
 
+def kernel(text: str) -> str:
+    """A SEGATTN_KERNEL value (``auto``, ``torch``, ``triton``), or ``triton:BxWxP`` with a launch tuning."""
+    from ..attention.triton.launch import Tuning
+
+    backend, _, tuning = text.partition(":")
+    if backend not in ("auto", "torch", "triton") or (tuning and backend != "triton"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, torch, triton or triton:BxWxP")
+    if tuning:
+        try:
+            Tuning.parse(tuning)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def model(text: str) -> str:
     """A model spec that builds: the family, its named size and its options are checked by building the
     model on the meta device (no memory, no weights), with the errors ``build_model`` gives train.py."""

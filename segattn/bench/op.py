@@ -21,11 +21,14 @@ attention must move take at the device's copy bandwidth, measured once on a copy
 bandwidth-bound (``copy_bandwidth``): the lower bound of any attention, where the ``floor`` op, one small
 elementwise pass, also pays a launch. ``kernels`` times each variant with a Triton
 path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN_KERNEL as a module
-attribute); ``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
+attribute), and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block, warps,
+reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
+``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 from collections.abc import Callable
@@ -96,23 +99,42 @@ def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
 def build_variant(
     spec: Spec, dim: int, heads: int, device: torch.device, kernel: str = "auto"
 ) -> AttentionBase:
-    """The attention module of ``spec`` on the ``kernel`` path (a SEGATTN_KERNEL value; "auto": as that
-    variable says); a compiled spec's ``mix_tokens`` runs under ``torch.compile``."""
+    """The attention module of ``spec`` on the ``kernel`` path (a SEGATTN_KERNEL value, "triton" with an
+    optional ``:tuning``; "auto": as that variable says); a compiled spec's ``mix_tokens`` runs under
+    ``torch.compile``."""
     module = build_attention(spec.name, dim, heads, **spec.options).to(device)
-    if kernel != "auto":
-        module.kernel_backend = kernel
+    backend = kernel.split(":")[0]
+    if backend != "auto":
+        module.kernel_backend = backend
     if spec.compiled:
         module.mix_tokens = torch.compile(module.mix_tokens, **compile_options())
     return module
 
 
+def launch_sizes(kernel: str) -> contextlib.AbstractContextManager:
+    """The context a ``kernel`` label's calls run in: its Triton launch tuning (``triton:128x8x4``) if any."""
+    if ":" not in kernel:
+        return contextlib.nullcontext()
+    from ..attention.triton.launch import Tuning, tuned
+
+    return tuned(Tuning.parse(kernel.split(":", 1)[1]))
+
+
 class OpCase:
-    """One variant's ``mix_tokens`` at one size, dtype and mode, with inputs allocated and ready to call."""
+    """One variant's ``mix_tokens`` at one size, dtype and mode, with inputs allocated and ready to call
+    (under the launch tuning of ``kernel``, forward and backward)."""
 
     def __init__(
-        self, module: AttentionBase, tokens: int, dtype: str, mode: str, batch: int, device: torch.device
+        self,
+        module: AttentionBase,
+        tokens: int,
+        dtype: str,
+        mode: str,
+        batch: int,
+        device: torch.device,
+        kernel: str = "auto",
     ) -> None:
-        self.module, self.mode, self.hw = module, mode, grid_for(tokens)
+        self.module, self.mode, self.hw, self.kernel = module, mode, grid_for(tokens), kernel
         self.dtype = DTYPES[dtype]
         self.device = device
         dim = module.dim
@@ -138,14 +160,15 @@ class OpCase:
         return self.leaves[0].chunk(3, dim=-1) if len(self.leaves) == 1 else self.leaves
 
     def __call__(self) -> None:
-        if self.mode == "fwd":
-            with torch.no_grad(), autocast_for(self.device, self.dtype):
-                self.module.mix_tokens(*self.inputs(), self.hw)
-            return
-        inputs = self.inputs()
-        with autocast_for(self.device, self.dtype):
-            out = self.module.mix_tokens(*inputs, self.hw)
-        torch.autograd.grad(out, [*inputs, *self.params], self.grad_out, allow_unused=True)
+        with launch_sizes(self.kernel):
+            if self.mode == "fwd":
+                with torch.no_grad(), autocast_for(self.device, self.dtype):
+                    self.module.mix_tokens(*self.inputs(), self.hw)
+                return
+            inputs = self.inputs()
+            with autocast_for(self.device, self.dtype):
+                out = self.module.mix_tokens(*inputs, self.hw)
+            torch.autograd.grad(out, [*inputs, *self.params], self.grad_out, allow_unused=True)
 
     def floor(self) -> None:
         q, k, v = self.inputs()
@@ -246,10 +269,12 @@ def skip_reason(
 
 def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]:
     """Time every (variant, dtype, mode, size) with the floor of the same inputs, interleaved per size."""
+    labelled = labelled_variants(settings)
     modules = {
         label: build_variant(spec, settings.dim, settings.heads, device, kernel)
-        for label, spec, kernel in labelled_variants(settings)
+        for label, spec, kernel in labelled
     }
+    kernels = {label: kernel for label, _, kernel in labelled}
     bandwidth = copy_bandwidth(device, settings)
     progress(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     rows: list[dict[str, Any]] = []
@@ -265,7 +290,9 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     if reason:
                         rows.append({"variant": label, **base, "status": "skipped", "note": reason})
                     else:
-                        cases[label] = OpCase(module, tokens, dtype, mode, settings.batch, device)
+                        cases[label] = OpCase(
+                            module, tokens, dtype, mode, settings.batch, device, kernels[label]
+                        )
                 if not cases:
                     continue
                 progress(f"op {dtype} {mode} {format_count(tokens)} tokens: {', '.join(cases)}")
@@ -336,9 +363,11 @@ def memory_child(task: dict[str, Any], emit: Emit) -> None:
     device = torch.device(task["device"])
     spec = Spec(task["name"], task["options"], compiled=task["compiled"])
     module = build_variant(spec, task["dim"], task["heads"], device, task["kernel"])
-    OpCase(module, task["sizes"][0], task["dtype"], task["mode"], task["batch"], device)()  # one-time set-up
+    sized = functools.partial(OpCase, module, dtype=task["dtype"], mode=task["mode"], batch=task["batch"])
+    sized = functools.partial(sized, device=device, kernel=task["kernel"])
+    sized(task["sizes"][0])()  # one-time set-up
     for tokens in task["sizes"]:
-        case = OpCase(module, tokens, task["dtype"], task["mode"], task["batch"], device)
+        case = sized(tokens)
         if spec.compiled:
             case()  # compiles this size's graph outside the measured block
         with PeakMemory(device) as peak:
@@ -423,6 +452,7 @@ def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[
         )
     rows = time_ops(settings, device)
     if settings.memory:
+        write_csv(out_dir / "op.csv", rows)  # the timings survive if the memory children are cut short
         measure_memory(rows, settings, device)
     report(rows, settings, out_dir)
     return rows

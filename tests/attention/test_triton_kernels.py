@@ -34,6 +34,7 @@ from segattn.attention.triton.functions import (
     TritonKernelAttention,
     kernel_attention_triton,
 )
+from segattn.attention.triton.launch import Blocks, Tuning, tuned
 from segattn.layers import FUSED_ENV, KERNEL_ENV, kernel_backend
 
 KERNELS = load_kernels()
@@ -126,6 +127,28 @@ def test_kernel_attention_equals_the_float64_formula(
     expected = reference(variant, *exact)
     expected_grads = torch.autograd.grad(expected, exact, upstream.to(dtype).double())
     assert_close(["out", "∂q", "∂k", "∂v"], [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
+
+
+def test_a_launch_tuning_keeps_the_result() -> None:
+    """Other block, warp and program counts (``bench op --kernels triton:BxWxP``) compute the same
+    formula: here 16-token blocks, 2 warps and one reduction program per multiprocessor."""
+    q, k, v = strided_qkv(300, 32, torch.float32)
+    with tuned(Tuning.parse("16x2x1")):
+        assert Blocks.of(32, 32, torch.float32).BLOCK_N == 16
+        out = triton_call("taylor", q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = reference("taylor", *exact)
+    expected_grads = torch.autograd.grad(expected, exact, torch.ones_like(expected))
+    assert_close(
+        ["out", "∂q", "∂k", "∂v"], [out, *grads], [expected, *expected_grads], TOLERANCE[torch.float32]
+    )
+
+
+@pytest.mark.parametrize("text", ["12x4x4", "64x3x4", "64x4", "ax4x4", "0x4x4"])
+def test_a_bad_launch_tuning_is_refused_by_name(text: str) -> None:
+    with pytest.raises(ValueError, match=f"Triton tuning '{text}'"):
+        Tuning.parse(text)
 
 
 @pytest.mark.parametrize("variant", ["elu", "efficient_softmax"])

@@ -14,6 +14,8 @@ CASES = [
     (["op", "--sizes", "abc"], "op: argument --sizes: 'abc' is not a count; expected an integer"),
     (["op", "--variants", "nosuch"], "op: argument --variants: unknown attention 'nosuch'; expected one of"),
     (["op", "--threads", "-3"], "op: argument --threads: '-3': expected an integer >= 1"),
+    (["op", "--kernels", "torch:64x4x4"], "op: argument --kernels: 'torch:64x4x4': expected auto"),
+    (["op", "--kernels", "triton:48x4x4"], "op: argument --kernels: Triton tuning '48x4x4': the block 48"),
     (["raster", "--size", "0"], "raster: argument --size: '0': expected an integer >= 1"),
     (["maxres", "--budget-gib", "-1"], "maxres: argument --budget-gib: '-1': expected a number > 0"),
     (

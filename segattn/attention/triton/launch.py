@@ -8,7 +8,9 @@ a split image: the autograd Functions (``functions.py``) sum it over the bands i
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,44 @@ from . import load_kernels
 # blocks, and a few splits per reduction (so the combine of several splits is still exercised).
 INTERPRETER_PROGRAMS = 8
 INTERPRETER_BLOCK_N = 256
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch sizes that replace the defaults of ``Blocks.of`` and ``target_programs`` inside ``tuned``
+    (``bench op --kernels triton:BxWxP`` times them side by side): tokens per block, warps per program,
+    reduction programs per multiprocessor. None keeps the default."""
+
+    block_n: int | None = None
+    num_warps: int | None = None
+    programs_per_sm: int | None = None
+
+    @staticmethod
+    def parse(text: str) -> Tuning:
+        """``"128x8x4"`` (block x warps x programs per SM); a part written ``_`` keeps its default."""
+        parts = text.split("x")
+        if len(parts) != 3 or not all(p == "_" or (p.isdigit() and int(p) > 0) for p in parts):
+            raise ValueError(f"Triton tuning {text!r}: expected BLOCKxWARPSxPROGRAMS, e.g. 128x8x4, 128x_x_")
+        block, warps, programs = (None if p == "_" else int(p) for p in parts)
+        if block is not None and (block < 16 or block & (block - 1)):
+            raise ValueError(f"Triton tuning {text!r}: the block {block} must be a power of two >= 16")
+        if warps is not None and warps & (warps - 1):
+            raise ValueError(f"Triton tuning {text!r}: the warps {warps} must be a power of two")
+        return Tuning(block, warps, programs)
+
+
+ACTIVE_TUNING = Tuning()
+
+
+@contextlib.contextmanager
+def tuned(tuning: Tuning) -> Iterator[None]:
+    """Launch every kernel called inside with ``tuning``'s sizes (forward and backward alike)."""
+    global ACTIVE_TUNING
+    previous, ACTIVE_TUNING = ACTIVE_TUNING, tuning
+    try:
+        yield
+    finally:
+        ACTIVE_TUNING = previous
 
 
 @dataclass(frozen=True)
@@ -63,16 +103,24 @@ class Blocks:
         # fp32 inputs follow PyTorch's TF32 setting for matmuls; half inputs carry less than TF32's mantissa
         tf32 = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
         block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 16 if wide else 64
-        return Blocks(D, DV, block, 8 if wide else 4, "tf32" if tf32 else "ieee")
+        warps = 8 if wide else 4
+        tuning = ACTIVE_TUNING
+        block, warps = tuning.block_n or block, tuning.num_warps or warps
+        return Blocks(D, DV, block, warps, "tf32" if tf32 else "ieee")
 
     def constants(self) -> dict:
         return {"D": self.D, "DV": self.DV, "BLOCK_N": self.BLOCK_N, "PRECISION": self.precision}
 
 
 @functools.cache
+def multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def target_programs(device: torch.device) -> int:
+    """Programs a reduction over N aims for: a few per multiprocessor (one wave fills the GPU)."""
     if device.type == "cuda" and not load_kernels().INTERPRETED:
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+        return (ACTIVE_TUNING.programs_per_sm or 4) * multiprocessors(device)
     return INTERPRETER_PROGRAMS
 
 
