@@ -69,19 +69,29 @@ def caption(file: Path, path: str) -> str:
 
 
 def op_table(rows: list[dict]) -> str:
-    """One table per (dtype, mode): a row per variant, a column per token count; cell: time (× SDPA)."""
+    """One table per (dtype, mode): a row per variant, a column per token count; cell: time (× SDPA) and
+    the peak memory above the inputs where it was measured."""
     parts = []
     for (dtype, mode), group in grouped(rows, ("dtype", "mode")).items():
         tokens = sorted({int(r["tokens"]) for r in group})
         cells = defaultdict(dict)
         for r in group:
-            speedup = f" ({float(r['vs_softmax']):.2g}×)" if r["vs_softmax"] and r["status"] == "ok" else ""
-            value = seconds(r["seconds"]) + speedup if r["status"] == "ok" else r["status"]
+            if r["status"] != "ok":
+                cells[r["variant"]][int(r["tokens"])] = r["status"]
+                continue
+            value = seconds(r["seconds"])
+            value += f" ({times(r['vs_softmax'])})" if r.get("vs_softmax") else ""
+            value += f", {mib(r['peak_bytes'])}" if r.get("peak_bytes") else ""
             cells[r["variant"]][int(r["tokens"])] = value
         header = ["variant", *(f"{n:,} tokens" for n in tokens)]
         body = [[f"`{v}`", *(by_n.get(n, "") for n in tokens)] for v, by_n in cells.items()]
         what = "forward+backward" if mode == "fwdbwd" else "forward"
-        parts.append(f"**{what}, {dtype}** (× SDPA: how many times faster than `softmax`)\n\n")
+        legend = []
+        if any(r.get("vs_softmax") for r in group):
+            legend.append("× SDPA: how many times faster than `softmax`")
+        if any(r.get("peak_bytes") for r in group):
+            legend.append("then the peak memory above the inputs")
+        parts.append(f"**{what}, {dtype}**" + (f" ({'; '.join(legend)})" if legend else "") + "\n\n")
         parts.append(markdown_table(header, body) + "\n\n")
     return "".join(parts).strip()
 
@@ -93,7 +103,7 @@ def model_table(rows: list[dict]) -> str:
     for r in rows:
         if r["status"] == "ok":
             value = f"{float(r['seconds']):.3g} s ({float(r['speedup']):.2g}×)"
-            value += f", {gib(r['peak_bytes'])}" if r["peak_bytes"] else ""
+            value += f", {gib(r['peak_bytes'])}" if r.get("peak_bytes") else ""
         else:
             value = r["status"]
         cells[(r["model"], r["variant"])][int(r["size"])] = value
@@ -157,6 +167,16 @@ def seconds(text: str) -> str:
 
 def gib(text: str) -> str:
     return f"{float(text) / 2**30:.2f} GiB" if text else ""
+
+
+def times(text: str) -> str:
+    """A ratio with two significant digits, written out in full from 100 up (110×, not 1.1e+02×)."""
+    value = float(text)
+    return f"{value:.0f}×" if value >= 100 else f"{value:.2g}×"
+
+
+def mib(text: str) -> str:
+    return f"{float(text) / 2**20:.0f} MiB"
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
