@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 
 from .cli import run_command
 from .cpu_memory import reuse_freed_memory
-from .inference.image_io import find_images, is_raster, normalize, overlay, read_rgb, save_mask, save_rgb
+from .images import is_raster
+from .inference.image_io import find_images, normalize, overlay, read_input, save_mask, save_rgb
 from .inference.onnx import is_onnx
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def predict_files(
     written, failed = 0, []
     for path in files:
         try:
-            rgb = read_rgb(path)
+            rgb = read_input(path)
         except ValueError as error:
             print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
             failed.append((path, str(error)))

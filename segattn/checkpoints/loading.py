@@ -15,15 +15,13 @@ from typing import Any
 import yaml
 from torch import nn
 
-from ..inference.image_io import default_palette, read_classes, write_classes
+from ..images import CLASSES_FILE, IMAGENET_MEAN, IMAGENET_STD, default_palette, read_classes, write_classes
 from .resume import read_checkpoint
 
 MODEL_FILE = "model.yaml"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
 PLAIN_TYPES = (str, int, float, bool, type(None))
-DEFAULT_MEAN = (0.485, 0.456, 0.406)
-DEFAULT_STD = (0.229, 0.224, 0.225)
 
 
 def check_plain_config(value: Any, source: str, where: str = "model") -> None:
@@ -90,8 +88,8 @@ def describe(config: dict[str, Any], data: dict[str, Any], source: Path, fmt: st
         "num_classes": num_classes,
         "classes": classes,
         "palette": palette,
-        "mean": [float(v) for v in data.get("mean", DEFAULT_MEAN)],
-        "std": [float(v) for v in data.get("std", DEFAULT_STD)],
+        "mean": [float(v) for v in data.get("mean", IMAGENET_MEAN)],
+        "std": [float(v) for v in data.get("std", IMAGENET_STD)],
         "ignore_index": int(data.get("ignore_index", 255)),
         "dataset": data.get("name"),
         "data_config": data.get("config"),
@@ -134,8 +132,9 @@ def load_exported(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
     weights = directory / WEIGHTS_FILE
     load_weights(lambda: load_safetensors(model, weights, strict=False), str(weights))
     data = dict(meta.get("data") or {})
-    if (directory / "classes.json").is_file():
-        data.update(read_classes(directory))
+    if (directory / CLASSES_FILE).is_file():
+        spec = read_classes(directory / CLASSES_FILE)
+        data.update(classes=spec.names, palette=spec.palette)
     return model.eval(), describe(meta["model"], data, directory, "safetensors")
 
 

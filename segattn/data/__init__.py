@@ -1,16 +1,14 @@
 """Datasets in their official layouts, label lookup tables, albumentations pipelines, the data module
 and the data doctor."""
 
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, DataError
 from .base import DataSource, FileLayout, Sample, SegDataset, SegDatasetBase
 from .datamodule import SegDataModule, seg_collate
-from .errors import DataError
-from .labels import IGNORE_INDEX, ColorMap, LabelMap, pascal_colormap
+from .labels import ColorMap, LabelMap
 from .registry import DATASET_REGISTRY, available_datasets, build_dataset, build_source, dataset_options
 from .scan import SplitReport, scan_dataset
 from .synthetic import SyntheticDataset
 from .transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     CatMaxRatioCrop,
     RandomResize,
     build_eval_transform,
@@ -41,7 +39,6 @@ __all__ = [
     "build_source",
     "build_train_transform",
     "dataset_options",
-    "pascal_colormap",
     "scan_dataset",
     "seg_collate",
 ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..images import default_palette
 from .base import FileLayout, Sample
-from .labels import LabelMap, pascal_colormap
+from .labels import LabelMap
 
 ADE20K_CLASSES = [
     "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet",
@@ -38,7 +39,7 @@ class ADE20KLayout(FileLayout):
     def __init__(self, root: str | Path):
         super().__init__(root)
         self.classes = list(ADE20K_CLASSES)
-        self.palette = pascal_colormap(len(ADE20K_CLASSES))
+        self.palette = default_palette(len(ADE20K_CLASSES))
         self.splits = {"train": "training", "val": "validation"}
         nested = self.root / "ADEChallengeData2016"
         self.base = nested if nested.is_dir() else self.root

@@ -11,9 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .errors import DataError
-from .labels import IGNORE_INDEX, Color
-from .readers import read_image
+from ..images import IGNORE_INDEX, Color, DataError, read_image
 from .transforms import build_eval_transform
 
 Transform = Callable[..., dict[str, Any]]  # albumentations-style: transform(image=, mask=) -> dict

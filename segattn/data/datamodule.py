@@ -11,15 +11,12 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, DataError
 from .base import SegDatasetBase
-from .errors import DataError
-from .labels import IGNORE_INDEX
 from .registry import build_source
 from .resumable import EpochPosition, ResumableDataLoader
 from .scan import scan_dataset
 from .transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     WorkerSeeder,
     as_hw,
     build_eval_transform,

@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 
+from ..images import read_image
 from .base import Sample
-from .readers import read_image
 
 FOREGROUND_SAMPLE = 16384  # positions kept per class and image: plenty to draw crop centres from
 

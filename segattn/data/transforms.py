@@ -21,10 +21,7 @@ import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.core.transforms_interface import DualTransform
 
-from .labels import IGNORE_INDEX
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # of RGB / 255
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..images import DataError, default_palette
 from .base import FileLayout, Sample
-from .errors import DataError
-from .labels import LabelMap, pascal_colormap
+from .labels import LabelMap
 
 VOC_CLASSES = [
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
@@ -28,7 +28,7 @@ class VOCLayout(FileLayout):
     def __init__(self, root: str | Path, aug: bool = False):
         super().__init__(root)
         self.classes = list(VOC_CLASSES)
-        self.palette = pascal_colormap(len(VOC_CLASSES))
+        self.palette = default_palette(len(VOC_CLASSES))
         candidates = [self.root / "VOCdevkit" / "VOC2012", self.root / "VOC2012", self.root]
         self.base = next((c for c in candidates if (c / "JPEGImages").is_dir()), candidates[0])
         self.aug = aug

@@ -30,9 +30,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..images import IGNORE_INDEX, Color
 from .base import Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
-from .labels import IGNORE_INDEX, Color
 
 
 class CachedDataset(SegDatasetBase):

@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 from ..config import check_data_root, check_validation, config_dir
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
-from ..data.errors import DataError
 from ..data.raster import RasterLayout
+from ..images import DataError
 from . import report
 from .average_precision import AveragePrecisionMetric, class_ids, score_logits
 from .metrics import SegmentationMetric

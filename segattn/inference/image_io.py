@@ -1,37 +1,18 @@
-"""Files around a model, without torch: images in, masks and overlays out, palettes, sidecar metadata.
+"""Files around prediction, without torch: the images an input names, normalisation, masks and overlays.
 
-The ONNX predict path runs on numpy, Pillow and onnxruntime only, so nothing here imports torch.
+Images are decoded by ``segattn.images.read_image``, as training decodes them. The ONNX predict path runs
+on numpy, Pillow and onnxruntime only, so nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import glob
-import json
-import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
-RASTER_SUFFIXES = (".tif", ".tiff")  # GeoTIFF / BigTIFF: what segattn.predict can read by window
-CLASSES_FILE = "classes.json"
-
-
-def default_palette(num_classes: int) -> list[tuple[int, int, int]]:
-    """Distinct colours for class indices: the bit-interleaved palette of PASCAL VOC (0 is black)."""
-    palette = []
-    for index in range(num_classes):
-        red = green = blue = 0
-        code = index
-        for shift in range(7, -1, -1):
-            red |= (code & 1) << shift
-            green |= ((code >> 1) & 1) << shift
-            blue |= ((code >> 2) & 1) << shift
-            code >>= 3
-        palette.append((red, green, blue))
-    return palette
+from ..images import IMAGE_SUFFIXES, Color, ImageTooLargeError, default_palette, is_raster, read_image
 
 
 def find_images(pattern: str) -> list[Path]:
@@ -49,38 +30,19 @@ def find_images(pattern: str) -> list[Path]:
     return files
 
 
-def is_raster(path: Path) -> bool:
-    """A TIFF file name: the inputs ``segattn.predict`` streams by window in slide mode."""
-    return path.suffix.lower() in RASTER_SUFFIXES
-
-
-def read_rgb(path: Path) -> np.ndarray:
-    """The image as uint8 [H, W, 3]; grayscale, palette and RGBA images are converted to RGB.
-
-    Raises ValueError naming the file when Pillow cannot decode it (corrupt, truncated, not an image).
-    """
+def read_input(path: Path) -> np.ndarray:
+    """``read_image`` (RGB uint8 [H, W, 3], decoded as training decodes it); an image too large to read
+    whole names the setting that reads a TIFF by window, or what to convert any other format to."""
     try:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
-    except Image.DecompressionBombError as error:
-        raise ValueError(too_large(path, error)) from None
-    except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read image {path}: {error}") from None
-
-
-def too_large(path: Path, error: Exception) -> str:
-    """Why an image too large to hold whole (Pillow refuses it) is skipped, and the setting that reads it
-    by window instead (a TIFF) or what to convert it to (any other format)."""
-    pixels = re.search(r"\((\d+) pixels\)", str(error))
-    size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
-    how = (
-        "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"
-        if is_raster(path)
-        else "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide "
-        "crop=1024, which streams TIFFs by window"
-    )
-    limit = f"Pillow's limit {Image.MAX_IMAGE_PIXELS:,}"
-    return f"image {path} has {size}, more than is read whole ({limit}); {how}"
+        return read_image(path)
+    except ImageTooLargeError as error:
+        how = (
+            "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"
+            if is_raster(path)
+            else "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide "
+            "crop=1024, which streams TIFFs by window"
+        )
+        raise ImageTooLargeError(f"{error}; {how}", path) from None
 
 
 def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
@@ -103,44 +65,18 @@ def save_rgb(rgb: np.ndarray, path: Path) -> None:
     Image.fromarray(rgb).save(path)
 
 
-def overlay(
-    rgb: np.ndarray, mask: np.ndarray, palette: list[tuple[int, int, int]], alpha: float = 0.5
-) -> np.ndarray:
+def overlay(rgb: np.ndarray, mask: np.ndarray, palette: list[Color], alpha: float = 0.5) -> np.ndarray:
     """The image blended with the palette colour of each pixel's class; uint8 [H, W, 3]."""
     colours = np.asarray(palette, dtype=np.float32)[mask]
     return (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
 
 
-def write_classes(directory: Path, classes: list[str], palette: list[tuple[int, int, int]]) -> None:
-    """``classes.json``: class names and their RGB palette, one entry per class index."""
-    payload = {"classes": list(classes), "palette": [list(map(int, colour)) for colour in palette]}
-    (directory / CLASSES_FILE).write_text(json.dumps(payload, indent=2) + "\n")
-
-
-def read_classes(directory: Path) -> dict[str, Any]:
-    """Read and check ``classes.json``; names the file and the problem when it is malformed."""
-    path = directory / CLASSES_FILE
-    payload = json.loads(path.read_text())
-    classes, palette = payload.get("classes"), payload.get("palette")
-    if not isinstance(classes, list) or not isinstance(palette, list) or len(classes) != len(palette):
-        raise ValueError(
-            f"{path}: expected {{'classes': [names], 'palette': [[r, g, b], ...]}}, equal lengths"
-        )
-    return {"classes": [str(name) for name in classes], "palette": [tuple(map(int, c)) for c in palette]}
-
-
 __all__ = [
-    "CLASSES_FILE",
-    "IMAGE_SUFFIXES",
-    "RASTER_SUFFIXES",
-    "default_palette",
+    "default_palette",  # segattn.bench.raster imports it from here; its home is segattn.images
     "find_images",
-    "is_raster",
     "normalize",
     "overlay",
-    "read_classes",
-    "read_rgb",
+    "read_input",
     "save_mask",
     "save_rgb",
-    "write_classes",
 ]

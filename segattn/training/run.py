@@ -34,8 +34,8 @@ from ..checkpoints.resume import (
 from ..config import NothingToDo, check_config
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
-from ..data.errors import DataError
 from ..evaluation.average_precision import class_ids
+from ..images import DataError
 from ..models import build_model
 from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel

@@ -12,10 +12,10 @@ import pytest
 from torch._utils import ExceptionWrapper
 
 from segattn import cli, config
-from segattn.data.errors import DataError
 from segattn.evaluation.command import data_config
 from segattn.export import main as export_main
 from segattn.export.command import FORMATS
+from segattn.images import DataError
 from segattn.predict import main as predict_main
 
 HYDRA_APPS = {"train.py": cli.train, "eval.py": cli.evaluate}

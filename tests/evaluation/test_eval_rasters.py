@@ -14,7 +14,8 @@ from train_overrides import compose_config
 
 from segattn.checkpoints.loading import load_model, save_exported
 from segattn.evaluation.command import run as evaluate
-from segattn.inference.image_io import default_palette, normalize
+from segattn.images import IMAGENET_MEAN, IMAGENET_STD, default_palette
+from segattn.inference.image_io import normalize
 from segattn.inference.infer import infer
 from segattn.models import build_model
 
@@ -41,8 +42,8 @@ def setup(tmp_path_factory) -> dict[str, Path]:
         "model": model.config,
         "classes": CLASSES,
         "palette": default_palette(3),
-        "mean": [0.485, 0.456, 0.406],
-        "std": [0.229, 0.224, 0.225],
+        "mean": list(IMAGENET_MEAN),
+        "std": list(IMAGENET_STD),
         "ignore_index": 255,
         "dataset": "raster",
     }

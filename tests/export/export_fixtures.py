@@ -8,12 +8,13 @@ import torch
 from torch import nn
 
 from segattn.attention import attention_options
+from segattn.images import IMAGENET_MEAN, IMAGENET_STD
 from segattn.models import build_model
 
 CLASSES = ["background", "thing", "stuff"]
 PALETTE = [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
+MEAN = list(IMAGENET_MEAN)
+STD = list(IMAGENET_STD)
 SIZE = (32, 32)  # export size: a 4 × 4 token grid at patch 8
 SECOND = (2, 3, 27, 45)  # batch 2, non-square, not a multiple of the patch: padding and resampling run
 

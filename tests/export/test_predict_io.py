@@ -1,4 +1,4 @@
-"""Torch-free helpers of predict: palette, normalisation, masks, image discovery, key=value arguments."""
+"""Torch-free helpers of predict: normalisation, masks, overlays, image discovery, reading inputs."""
 
 from __future__ import annotations
 
@@ -6,21 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from segattn.inference.image_io import (
-    default_palette,
-    find_images,
-    normalize,
-    overlay,
-    read_rgb,
-    save_mask,
-)
-
-
-def test_default_palette_is_the_pascal_voc_palette():
-    # VOC's first colours, as published with the dataset.
-    voc = [(0, 0, 0), (128, 0, 0), (0, 128, 0), (128, 128, 0), (0, 0, 128), (128, 0, 128)]
-    assert default_palette(6) == voc
-    assert default_palette(21)[20] == (0, 64, 128)  # tvmonitor
+from segattn.inference.image_io import find_images, normalize, overlay, read_input, save_mask
 
 
 def test_normalize_is_pixel_over_255_minus_mean_over_std():
@@ -31,14 +17,14 @@ def test_normalize_is_pixel_over_255_minus_mean_over_std():
     assert out.shape == (1, 3, 1, 1) and out.dtype == np.float32
 
 
-def test_read_rgb_converts_and_names_unreadable_files(tmp_path):
+def test_read_input_converts_and_names_unreadable_files(tmp_path):
     Image.fromarray(np.full((5, 7), 9, np.uint8)).save(tmp_path / "gray.png")
     Image.fromarray(np.zeros((5, 7, 4), np.uint8)).save(tmp_path / "rgba.png")
-    assert read_rgb(tmp_path / "gray.png").shape == (5, 7, 3)
-    assert read_rgb(tmp_path / "rgba.png").shape == (5, 7, 3)
+    assert read_input(tmp_path / "gray.png").shape == (5, 7, 3)
+    assert read_input(tmp_path / "rgba.png").shape == (5, 7, 3)
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     with pytest.raises(ValueError, match=r"broken\.png"):
-        read_rgb(tmp_path / "broken.png")
+        read_input(tmp_path / "broken.png")
 
 
 def test_masks_keep_class_indices_and_overlay_blends_palette(tmp_path):
@@ -77,7 +63,7 @@ def test_an_image_too_large_to_read_whole_names_the_setting_that_streams_it(tmp_
     Image.new("RGB", (20, 20)).save(path)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # refused above twice this: 400 pixels are
     with pytest.raises(ValueError) as error:
-        read_rgb(path)
+        read_input(path)
     assert str(error.value) == (
         f"image {path} has 400 pixels, more than is read whole (Pillow's limit 100); {how}"
         + ("" if name.endswith(".tif") else ", which streams TIFFs by window")
