@@ -27,16 +27,24 @@ class PolarityFeatures(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, power = ctx.saved_tensors
-        magnitude = x.abs() ** power
-        grad_positive, grad_negative = grad.chunk(2, dim=-1)
-        weighted = torch.where(x > 0, grad_positive, grad_negative) * magnitude  # 0 where x = 0
-        grad_x = grad_power = None
-        if ctx.needs_input_grad[0]:
-            grad_x = weighted * power / torch.where(x == 0, 1.0, x)
-        if ctx.needs_input_grad[1]:
-            log_abs = x.abs().clamp(min=torch.finfo(x.dtype).tiny).log()  # finite: weighted is 0 at x = 0
-            grad_power = (weighted * log_abs).sum_to_size(power.shape)
-        return grad_x, grad_power
+        return polarity_backward(x, power, grad, *ctx.needs_input_grad)
+
+
+def polarity_backward(
+    x: Tensor, power: Tensor, grad: Tensor, needs_x: bool = True, needs_power: bool = True
+) -> tuple[Tensor | None, Tensor | None]:
+    """∂x and ∂power (summed to power's shape) from ∂[φ(x), φ(−x)] (``grad``, [..., 2d]); None where not
+    needed. Shared by ``PolarityFeatures`` and the Triton path, whose kernels return ∂φ."""
+    magnitude = x.abs() ** power
+    grad_positive, grad_negative = grad.chunk(2, dim=-1)
+    weighted = torch.where(x > 0, grad_positive, grad_negative) * magnitude  # 0 where x = 0
+    grad_x = grad_power = None
+    if needs_x:
+        grad_x = weighted * power / torch.where(x == 0, 1.0, x)
+    if needs_power:
+        log_abs = x.abs().clamp(min=torch.finfo(x.dtype).tiny).log()  # finite: weighted is 0 at x = 0
+        grad_power = (weighted * log_abs).sum_to_size(power.shape)
+    return grad_x, grad_power
 
 
 def polarity_features_fused(x: Tensor, power: Tensor) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -9,6 +11,8 @@ from torch import Tensor, nn
 from ..layers import HW, depthwise_conv, resample_grid_embedding
 from .functional_agent import pola_attention
 from .reduction import ReducedKeysAttention
+from .triton import use_triton
+from .triton.functions import polarity_attention_triton
 
 POSITION_ENCODINGS = ("none", "learned")
 
@@ -26,7 +30,12 @@ class PolaAttention(ReducedKeysAttention):
     (Linear C→C: the second half of the official ``qg``), with ``position_encoding='learned'``
     ``positional_encoding`` [1, (S/R)², C] (init 0) added to k, stored on an S/R × S/R grid
     (S = ``position_size``) and resampled bilinearly to the key grid; with R > 1 also ``sr``, ``norm``.
+
+    The polarity attention runs on the Triton kernels where ``kernel_backend`` says so (its 2d-wide
+    features within their head-dim limit); the scale, the power, the DWC and the gate stay in PyTorch.
     """
+
+    triton_path: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -86,9 +95,11 @@ class PolaAttention(ReducedKeysAttention):
             k = k + resample_grid_embedding(self.positional_encoding, stored, key_hw)
         scale = F.softplus(self.scale)
         power = 1 + self.alpha * torch.sigmoid(self.power)
-        out = pola_attention(
-            self.split_heads(q / scale), self.split_heads(k / scale), self.split_heads(v), power, self.eps
-        )
+        heads = self.split_heads(q / scale), self.split_heads(k / scale), self.split_heads(v)
+        if use_triton(self.kernel_backend, heads[0], self.head_dim, widening=2):
+            out = polarity_attention_triton(*heads, power.reshape(self.num_heads, self.head_dim), self.eps)
+        else:
+            out = pola_attention(*heads, power, self.eps)
         return self.merge_heads(out) + self.local_context(v, hw)
 
     def local_context(self, v: Tensor, hw: HW) -> Tensor:

@@ -57,7 +57,7 @@ def compile_all() -> list[str]:
     fp32_wide = Blocks(128, 128, 16, 8, "ieee")  # fp32 heads of 128 with TF32 off
     inputs = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
     lines = []
-    for kind in range(7):
+    for kind in range(K.POLARITY_SWAPPED + 1):
         flags = {"KIND": kind, "HAS_BIAS": kind == K.L2}
         lines.append(build(K.keys_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
     lines.append(build(K.context_kernel, {**bf16.constants(), "KIND": K.ELU}, bf16.num_warps, inputs))
@@ -71,6 +71,11 @@ def compile_all() -> list[str]:
             build(K.apply_kernel, {**bf16.constants(), **flags, "HAS_ADDEND": normalized}, 4, inputs)
         )
         lines.append(build(K.query_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+    polarity = Blocks(64, 16, 64, 4, "tf32")  # pola's bf16 heads of 32: 64 features, half of v per call
+    flags = {"KIND": K.POLARITY, "NORMALIZED": True, "HAS_BIAS": False}
+    lines.append(build(K.context_kernel, {**polarity.constants(), "KIND": K.POLARITY}, 4, inputs))
+    lines.append(build(K.apply_kernel, {**polarity.constants(), **flags, "HAS_ADDEND": False}, 4, inputs))
+    lines.append(build(K.query_backward_kernel, {**polarity.constants(), **flags}, 4, inputs))
     wide = {"KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True}
     lines.append(build(K.query_backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
     lines.append(build(K.key_softmax_stats_kernel, {"D": 32, "BLOCK_N": 64}, 4, inputs))
@@ -86,7 +91,7 @@ def test_every_kernel_compiles_for_sm90() -> None:
         [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert child.returncode == 0, child.stderr[-3000:]
-    assert len(child.stdout.splitlines()) == 16, child.stdout
+    assert len(child.stdout.splitlines()) == 21, child.stdout
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_reference import build_perturbed, module_reference
+from test_agent_pola import pola_reference
 from torch import Tensor
 
 if importlib.util.find_spec("triton") is None:
@@ -32,7 +33,9 @@ from segattn.attention.triton.functions import (
     FeatureMap,
     TritonFocusedAttention,
     TritonKernelAttention,
+    TritonPolarityAttention,
     kernel_attention_triton,
+    polarity_attention_triton,
 )
 from segattn.attention.triton.launch import Blocks, Tuning, tuned
 from segattn.layers import FUSED_ENV, KERNEL_ENV, kernel_backend
@@ -163,9 +166,56 @@ def test_fp16_at_many_tokens_stays_finite(variant: str) -> None:
     assert all(torch.isfinite(t).all() for t in (out, *grads))
 
 
-def module_case(name: str, options: dict, hw: tuple[int, int], dim: int, dtype: torch.dtype) -> None:
-    """A module built under SEGATTN_KERNEL=triton, run in ``dtype``, against ``module_reference`` (the
-    explicit per-head formula) in float64: output and the gradients of x and every parameter."""
+def polarity_reference(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float) -> Tensor:
+    """PolaFormer's attention written out (kernel products): same-sign q⁺k⁺ᵀ + q⁻k⁻ᵀ for v's first half,
+    opposite-sign q⁻k⁺ᵀ + q⁺k⁻ᵀ for the second, each over (its row sum / M + eps); x^± = relu(±x)^p."""
+    p, m, half = power.unsqueeze(-2), k.shape[-2], v.shape[-1] // 2
+    q_pos, q_neg, k_pos, k_neg = (x.clamp(min=0) ** p for x in (q, -q, k, -k))
+    halves = []
+    for (a, b), (c, e), values in (
+        ((q_pos, k_pos), (q_neg, k_neg), v[..., :half]),
+        ((q_neg, k_pos), (q_pos, k_neg), v[..., half:]),
+    ):
+        numerator = (a @ (b.mT @ values) + c @ (e.mT @ values)) / m
+        denominator = (a @ b.sum(-2, keepdim=True).mT + c @ e.sum(-2, keepdim=True).mT) / m + eps
+        halves.append(numerator / denominator)
+    return torch.cat(halves, dim=-1)
+
+
+# (N, d, dtype): each N, d and dtype once; 2d features (d = 64: the kernels' 128)
+POLARITY_CASES = [(1, 16, torch.float32), (7, 64, torch.bfloat16), (1000, 16, torch.float32)]
+POLARITY_CASES += [(4099, 32, torch.float32)]
+
+
+@pytest.mark.parametrize(("tokens", "d", "dtype"), POLARITY_CASES)
+def test_polarity_attention_equals_the_float64_formula(tokens: int, d: int, dtype: torch.dtype) -> None:
+    q, k, v = strided_qkv(tokens, d, dtype)
+    generator = torch.Generator().manual_seed(4)
+    power = (1.5 + 2.5 * torch.rand(HEADS, d, generator=generator)).to(DEVICE).requires_grad_()
+    out = polarity_attention_triton(q, k, v, power, EPS)
+    assert out.dtype == dtype
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v, power), upstream.to(dtype))
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v, power)]
+    expected = polarity_reference(*exact, EPS)
+    expected_grads = torch.autograd.grad(expected, exact, upstream.to(dtype).double())
+    labels = ["out", "∂q", "∂k", "∂v", "∂power"]
+    if tokens == 1:  # one key: every output is v up to eps, so ∂q, ∂k, ∂power are rounding noise
+        labels, grads, expected_grads = labels[::3], grads[2:3], expected_grads[2:3]
+    assert_close(labels, [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
+
+
+def module_case(
+    name: str,
+    options: dict,
+    hw: tuple[int, int],
+    dim: int,
+    dtype: torch.dtype,
+    reference_of=module_reference,
+) -> None:
+    """A module built under SEGATTN_KERNEL=triton, run in ``dtype``, against ``reference_of`` (the explicit
+    per-head formula; default ``module_reference``) in float64: output and the gradients of x and every
+    parameter."""
     tokens = hw[0] * hw[1]
     module = build_perturbed(name, options, dim, HEADS, tokens)
     assert module.kernel_backend == "triton"
@@ -179,7 +229,7 @@ def module_case(name: str, options: dict, hw: tuple[int, int], dim: int, dtype: 
     grads = torch.autograd.grad(out, [leaf, *fast.parameters()], upstream.to(DEVICE, dtype))
     exact = copy.deepcopy(module).double()
     x = x.requires_grad_()
-    expected = module_reference(exact, name, options, x, hw)
+    expected = reference_of(exact, name, options, x, hw)
     expected_grads = torch.autograd.grad(expected, [x, *exact.parameters()], upstream)
     labels = ["out", "∂x", *(f"∂{n}" for n, _ in module.named_parameters())]
     assert_close(labels, [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
@@ -202,6 +252,23 @@ def test_litemla_module_equals_the_paper_formula(monkeypatch: pytest.MonkeyPatch
     calls = record(monkeypatch, TritonKernelAttention)
     module_case("litemla", {}, (6, 9), 32, torch.float32)
     assert calls == [TritonKernelAttention] * 2  # the q, k, v heads and the 5×5 aggregate's
+
+
+@pytest.mark.usefixtures("forced")
+@pytest.mark.parametrize(
+    ("options", "hw"),
+    [({"position_encoding": "learned", "position_size": 6}, (7, 11)), ({"sr_ratio": 2}, (8, 10))],
+)
+def test_pola_module_equals_the_paper_formula(
+    monkeypatch: pytest.MonkeyPatch, options: dict, hw: tuple[int, int]
+) -> None:
+    """fp32 only: in bf16 the rounded parameters alone move pola's gradients by up to 2.7 % (its powers
+    reach 5), on the PyTorch path as much as here; the kernels' bf16 case is the functional test's."""
+    calls = record(monkeypatch, TritonPolarityAttention)
+    module_case(
+        "pola", options, hw, 32, torch.float32, lambda module, _, __, x, hw: pola_reference(module, x, hw)
+    )
+    assert calls == [TritonPolarityAttention]
 
 
 def record(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Function]) -> list[type]:
@@ -256,6 +323,8 @@ def test_an_unsupported_head_dim_is_named_when_forced_and_falls_back_otherwise()
     with pytest.raises(ValueError, match=r"^SEGATTN_KERNEL=triton: head dim 256 is above .* 128"):
         use_triton("triton", x, 256)
     assert not use_triton("auto", x, 256)
+    with pytest.raises(ValueError, match=r"^SEGATTN_KERNEL=triton: head dim 80 \(160 features\) is above"):
+        use_triton("triton", x, 80, widening=2)  # pola's polarity features
 
 
 def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.MonkeyPatch) -> None:

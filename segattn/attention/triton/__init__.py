@@ -1,6 +1,6 @@
 """The Triton path of the kernel-attention core (``linear``, ``efficient``, ``taylor``, ``flatten``,
-``litemla``): fused GPU kernels for the forward (context reduction over N split across programs, then
-application with the normaliser) and the backward, with the feature maps recomputed in registers.
+``litemla``, ``pola``): fused GPU kernels for the forward (context reduction over N split across programs,
+then application with the normaliser) and the backward, with the feature maps recomputed in registers.
 
 Which path runs is chosen once, when an attention module is built (``layers.kernel_backend``:
 SEGATTN_KERNEL), and applied per call by ``use_triton``: the Triton path takes CUDA tensors whenever triton
@@ -40,23 +40,26 @@ def load_kernels() -> ModuleType:
     return importlib.import_module(f"{__name__}.kernels")
 
 
-def use_triton(backend: str, x: Tensor, head_dim: int) -> bool:
+def use_triton(backend: str, x: Tensor, head_dim: int, widening: int = 1) -> bool:
     """Whether a call on ``x`` (q, or any input: its device and dtype decide) with heads ``head_dim`` wide
     takes the Triton path under the module's ``backend`` ("auto", "torch" or "triton";
-    ``layers.kernel_backend``).
+    ``layers.kernel_backend``); ``widening``: features per head channel (pola's 2).
 
-    "auto": CUDA tensors of fp32/bf16/fp16 with head dims up to ``MAX_HEAD_DIM`` when triton is installed.
-    "triton": every such tensor, on the CPU only when the kernels were loaded under TRITON_INTERPRET=1; a
-    larger head dim is a ValueError naming it. Never while tracing, exporting or compiling.
+    "auto": CUDA tensors of fp32/bf16/fp16 with head_dim·widening up to ``MAX_HEAD_DIM`` when triton is
+    installed. "triton": every such tensor, on the CPU only when the kernels were loaded under
+    TRITON_INTERPRET=1; wider features are a ValueError naming the head dim. Never while tracing,
+    exporting or compiling.
     """
     if backend == "torch" or not use_fused() or x.dtype not in DTYPES:
         return False
+    width = head_dim * widening
     if backend == "auto":
-        return x.is_cuda and available() and head_dim <= MAX_HEAD_DIM
-    if head_dim > MAX_HEAD_DIM:
+        return x.is_cuda and available() and width <= MAX_HEAD_DIM
+    if width > MAX_HEAD_DIM:
+        features = f" ({width} features)" if widening > 1 else ""
         raise ValueError(
-            f"{KERNEL_ENV}=triton: head dim {head_dim} is above the Triton kernels' {MAX_HEAD_DIM}; use "
-            f"narrower heads or {KERNEL_ENV}=torch"
+            f"{KERNEL_ENV}=triton: head dim {head_dim}{features} is above the Triton kernels' "
+            f"{MAX_HEAD_DIM}; use narrower heads or {KERNEL_ENV}=torch"
         )
     if not x.is_cuda and not load_kernels().INTERPRETED:
         raise RuntimeError(

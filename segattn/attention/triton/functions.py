@@ -1,6 +1,7 @@
-"""Autograd Functions of the Triton path: the generic kernel attention (linear, efficient, taylor, litemla)
-and FLatten's focused attention. Same math, arguments and results as ``fused_kernel.KernelAttention`` and
-``fused_focus.FocusedAttention``; what differs is what is kept for backward: q, k, v, the extended context
+"""Autograd Functions of the Triton path: the generic kernel attention (linear, efficient, taylor, litemla),
+FLatten's focused attention and PolaFormer's polarity attention. Same math, arguments and results as
+``fused_kernel.KernelAttention``, ``fused_focus.FocusedAttention`` and ``functional_agent.pola_attention``;
+what differs is what is kept for backward: q, k, v, the extended context
 ([d + 1, dv + 1] per head), one fp32 per token (1/den), and the small per-channel statistics of the key
 softmax. Feature maps, FLatten's focusing statistics and the output are recomputed, never saved.
 
@@ -19,6 +20,7 @@ from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
 from ..fused_buffers import empty_in_order
+from ..fused_polarity import polarity_backward
 from .launch import (
     MapSpec,
     apply,
@@ -185,3 +187,74 @@ def focused_attention_triton(
     C channels (one small pass each for q and k), f_p and the kernel product per head in registers, the
     ``local`` (DWC) branch added in the same pass. q, k, v: [B, N, C] of any strides."""
     return TritonFocusedAttention.apply(q, k, v, local, scale, power, eps, heads)
+
+
+def polarity_maps(power: Tensor) -> tuple[MapSpec, MapSpec, MapSpec]:
+    """PolaFormer's maps for the kernels: queries [φ(q), φ(−q)], keys [φ(k), φ(−k)] for the same-sign half
+    and [φ(−k), φ(k)] for the opposite-sign half; φ(x) = relu(x)^p with ``power`` p [h, d] fp32."""
+    from .kernels import POLARITY, POLARITY_SWAPPED
+
+    same = MapSpec(POLARITY, cols=power, col_strides=(0, power.shape[-1], 0), widening=2)
+    return same, same, replace(same, kind=POLARITY_SWAPPED)
+
+
+class TritonPolarityAttention(torch.autograd.Function):
+    """``functional_agent.pola_attention`` on the Triton kernels: two kernel attentions over the 2d polarity
+    features, the same-sign one for v's first half of channels and the opposite-sign one (keys' halves
+    swapped) for the second, each normalised by (its feature sum / M + eps). Keeps q, k, v, the power, two
+    contexts and two floats per token; the kernels return ∂φ, folded onto q, k and the power here."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, power, eps):
+        half, factor = v.shape[-1] // 2, 1.0 / k.shape[-2]
+        query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
+        out = (
+            empty_in_order(v, v.dtype)
+            if v.shape[-2] == q.shape[-2]
+            else v.new_empty(q.shape[:-1] + v.shape[-1:])
+        )
+        saved = []
+        for key_map, part in zip(key_maps, (slice(None, half), slice(half, None)), strict=True):
+            kv = context(k, v[..., part], key_map, factor)
+            saved += [kv, apply(q, kv, out[..., part], query_map, eps, True, False)]
+        ctx.factor = factor
+        ctx.save_for_backward(q, k, v, power, *saved)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, power, *saved = ctx.saved_tensors
+        half = v.shape[-1] // 2
+        query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
+        grad_v = empty_in_order(v, v.dtype)
+        grad_fq = torch.zeros(*q.shape[:-1], 2 * q.shape[-1], dtype=torch.float32, device=q.device)
+        grad_fk = torch.zeros(*k.shape[:-1], 2 * k.shape[-1], dtype=torch.float32, device=k.device)
+        parts = (slice(None, half), slice(half, None))
+        for i, (key_map, part) in enumerate(zip(key_maps, parts, strict=True)):
+            kv, inv = saved[2 * i], saved[2 * i + 1]
+            grad_phi = torch.empty_like(grad_fq)
+            grad_kv = query_backward(q, grad[..., part], kv, inv, grad_phi, query_map, False)
+            grad_fq += grad_phi
+            grad_phi = torch.empty_like(grad_fk)
+            keys_backward(k, v[..., part], grad_kv, grad_phi, grad_v[..., part], key_map, ctx.factor, False)
+            grad_fk += grad_phi if i == 0 else grad_phi.roll(k.shape[-1], dims=-1)  # [φ(−k), φ(k)] order
+        p = power.float().unsqueeze(-2)  # [h, 1, d] against [B, h, N, d]
+        needs_q, needs_k, _, needs_power, _ = ctx.needs_input_grad
+        grad_q, power_from_q = polarity_backward(q.float(), p, grad_fq, needs_q, needs_power)
+        grad_k, power_from_k = polarity_backward(k.float(), p, grad_fk, needs_k, needs_power)
+        grad_power = (power_from_q + power_from_k).squeeze(-2).to(power.dtype) if needs_power else None
+        return (
+            grad_q.to(q.dtype) if needs_q else None,
+            grad_k.to(k.dtype) if needs_k else None,
+            grad_v,
+            grad_power,
+            None,
+        )
+
+
+def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float) -> Tensor:
+    """PolaFormer's token mixing (``functional_agent.pola_attention``) on the Triton kernels: q, k (already
+    scaled) [B, h, N, d] and [B, h, M, d], v [B, h, M, d] with d even; ``power`` [h, d] (p > 0, learnable).
+    The feature maps are computed in registers (2d wide; 2d ≤ the kernels' head-dim limit)."""
+    return TritonPolarityAttention.apply(q, k, v, power, eps)

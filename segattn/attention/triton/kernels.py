@@ -24,7 +24,10 @@ blocks of 64), and offsets into q, k, v and the results are 64-bit (a tensor may
 
 Feature maps (``KIND``): IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax
 over the head's channels, SOFTMAX_N softmax over the tokens (column statistics from the pre-pass), FOCUS
-FLatten's f_p (its backward leaves ∂f to ``focus_backward_kernel``, which needs all heads of a token).
+FLatten's f_p (its backward leaves ∂f to ``focus_backward_kernel``, which needs all heads of a token),
+POLARITY PolaFormer's [φ(x), φ(−x)] with φ(x) = relu(x)^p (p per channel), POLARITY_SWAPPED [φ(−x), φ(x)]:
+2·d_in features from d_in input channels (the kernels' ``d`` is the feature width, the input's column of
+feature c is c mod d_in); their backward leaves ∂φ to the caller, which folds the two halves onto x.
 
 TRITON_INTERPRET=1 runs the kernels on the CPU. Triton reads it whenever ``triton.jit`` wraps a function,
 its own library's when triton is first imported (torch._dynamo imports it), so it must be set when the
@@ -46,14 +49,15 @@ if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
         "setting; set it once, before the process starts"
     )
 
-IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS = range(7)
+IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS, POLARITY, POLARITY_SWAPPED = range(9)
 
 
 @triton.jit
 def feature_map(x, rows_ok, cols_ok, KIND: tl.constexpr, scale, eps, power, row_a, row_b, col_a, col_b):
     """φ(x) of a [BLOCK_N, D] fp32 block, 0 outside the valid rows and channels; ``row_*`` ([BLOCK_N]) and
-    ``col_*`` ([D]) carry the statistics of SOFTMAX_N (col_a max, col_b 1/Σexp) and FOCUS (row_a max u,
-    row_b ‖u‖/‖(u/max u)^p‖, col_a 1/softplus(scale))."""
+    ``col_*`` ([D]) carry the statistics of SOFTMAX_N (col_a max, col_b 1/Σexp), FOCUS (row_a max u,
+    row_b ‖u‖/‖(u/max u)^p‖, col_a 1/softplus(scale)) and POLARITY (col_a the power p; x arrives with the
+    sign of its half applied, ``load_input``)."""
     if KIND == 0:
         phi = x * scale
     elif KIND == 1:
@@ -69,16 +73,18 @@ def feature_map(x, rows_ok, cols_ok, KIND: tl.constexpr, scale, eps, power, row_
         phi = e / tl.sum(e, axis=1)[:, None]
     elif KIND == 5:
         phi = tl.exp(tl.minimum(x - col_a[None, :], 0.0)) * col_b[None, :]
-    else:
+    elif KIND == 6:
         u = (tl.maximum(x, 0.0) + 1e-6) * col_a[None, :]
         phi = tl.exp2(power * tl.log2(u / row_a[:, None])) * row_b[:, None]
+    else:
+        phi = tl.where(x > 0, tl.exp2(col_a[None, :] * tl.log2(tl.where(x > 0, x, 1.0))), 0.0)
     return tl.where(rows_ok[:, None] & cols_ok[None, :], phi, 0.0)
 
 
 @triton.jit
 def feature_map_backward(x, phi, grad, cols_ok, KIND: tl.constexpr, scale, eps, col_c):
-    """∂L/∂x from ∂L/∂φ (``grad``) for every KIND but FOCUS (which returns ``grad``); ``col_c`` is SOFTMAX_N's
-    Σ_n φ·∂φ per channel."""
+    """∂L/∂x from ∂L/∂φ (``grad``) for every KIND but FOCUS and POLARITY (which return ``grad``); ``col_c`` is
+    SOFTMAX_N's Σ_n φ·∂φ per channel."""
     if KIND == 0:
         out = grad * scale
     elif KIND == 1:
@@ -106,17 +112,38 @@ def load_block(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c):
 
 
 @triton.jit
+def input_columns(cols, d, KIND: tl.constexpr):
+    """The input column each feature column reads: itself, or for POLARITY c mod d_in (d = 2·d_in)."""
+    if KIND >= 7:
+        return tl.where(cols < d // 2, cols, cols - d // 2)
+    return cols
+
+
+@triton.jit
+def load_input(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c, d, KIND: tl.constexpr):
+    """The [BLOCK_N, D] block ``feature_map`` maps: the strided [N, d] matrix's columns, or for POLARITY its
+    d_in columns twice, negated in the half that holds φ(−x) (the second; the first for SWAPPED)."""
+    x = load_block(ptr, rows, rows_ok, input_columns(cols, d, KIND), cols_ok, stride_n, stride_c)
+    if KIND == 7:
+        x = tl.where(cols[None, :] < d // 2, x, -x)
+    if KIND == 8:
+        x = tl.where(cols[None, :] < d // 2, -x, x)
+    return x
+
+
+@triton.jit
 def load_map_stats(
-    row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND: tl.constexpr
+    row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND: tl.constexpr
 ):
     """The statistics ``feature_map`` takes (zeros for the maps without): per token (row_ptr [B, N, 2],
-    FOCUS) and per channel (col_ptr at bh·col_bh + h·col_h, rows ``col_row`` apart; SOFTMAX_N, FOCUS)."""
+    FOCUS) and per channel (col_ptr at bh·col_bh + h·col_h, rows ``col_row`` apart; SOFTMAX_N, FOCUS, and
+    POLARITY's power per input channel)."""
     row_a = tl.zeros(rows.shape, dtype=tl.float32)
     row_b = tl.zeros(rows.shape, dtype=tl.float32)
     col_a = tl.zeros(cols.shape, dtype=tl.float32)
     col_b = tl.zeros(cols.shape, dtype=tl.float32)
     col_c = tl.zeros(cols.shape, dtype=tl.float32)
-    base = col_ptr + bh * col_bh + h * col_h + cols
+    base = col_ptr + bh * col_bh + h * col_h + input_columns(cols, d, KIND)
     if KIND == 5:
         col_a = tl.load(base, mask=cols_ok, other=0.0)
         col_b = tl.load(base + col_row, mask=cols_ok, other=0.0)
@@ -125,6 +152,8 @@ def load_map_stats(
         row_a = tl.load(row_ptr + (b * N + rows) * 2, mask=rows_ok, other=1.0)
         row_b = tl.load(row_ptr + (b * N + rows) * 2 + 1, mask=rows_ok, other=0.0)
         col_a = tl.load(base, mask=cols_ok, other=0.0)
+    if KIND >= 7:
+        col_a = tl.load(base, mask=cols_ok, other=1.0)
     return row_a, row_b, col_a, col_b, col_c
 
 
@@ -150,9 +179,9 @@ def context_kernel(
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_ok = rows < N
         row_a, row_b, col_a, col_b, _ = load_map_stats(
-            row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+            row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
         )
-        x = load_block(k_base, rows, rows_ok, cols, cols_ok, skn, skc)
+        x = load_input(k_base, rows, rows_ok, cols, cols_ok, skn, skc, d, KIND)
         phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
         values = load_block(v_base, rows, rows_ok, vcols, vcols_ok, svn, svc)
         acc += tl.dot(tl.trans(phi), values, input_precision=PRECISION)
@@ -195,9 +224,9 @@ def apply_kernel(
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_ok = rows < N
     row_a, row_b, col_a, col_b, _ = load_map_stats(
-        row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+        row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
     )
-    x = load_block(q_ptr + b * sqb + h * sqh, rows, rows_ok, cols, cols_ok, sqn, sqc)
+    x = load_input(q_ptr + b * sqb + h * sqh, rows, rows_ok, cols, cols_ok, sqn, sqc, d, KIND)
     phi = feature_map(x, rows_ok, cols_ok, KIND, scale, map_eps, power, row_a, row_b, col_a, col_b)
     s, z, beta, beta0 = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
     out = tl.dot(phi, s, input_precision=PRECISION)
@@ -241,9 +270,9 @@ def query_backward_kernel(
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_ok = rows < N
         row_a, row_b, col_a, col_b, col_c = load_map_stats(
-            row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+            row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
         )
-        x = load_block(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc)
+        x = load_input(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc, d, KIND)
         phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
         grad = load_block(g_base, rows, rows_ok, vcols, vcols_ok, sgn, sgc)
         if NORMALIZED:
@@ -289,9 +318,9 @@ def keys_backward_kernel(
     rows_ok = rows < N
     ds, dz, dbeta, _ = load_context(gctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
     row_a, row_b, col_a, col_b, col_c = load_map_stats(
-        row_ptr, col_ptr, b, bh, h, N, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+        row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
     )
-    x = load_block(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc)
+    x = load_input(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc, d, KIND)
     phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
     values = load_block(v_ptr + b * svb + h * svh, rows, rows_ok, vcols, vcols_ok, svn, svc)
     dphi = (tl.dot(values, tl.trans(ds), input_precision=PRECISION) + dz[None, :]) * factor
@@ -347,7 +376,8 @@ def focus_stats_kernel(
     u = tl.where(cols_ok[None, :], (tl.maximum(x, 0.0) + 1e-6) * inv_scale[None, :], 0.0)
     top = tl.max(u, axis=1)
     top = tl.where(rows_ok, top, 1.0)
-    w = tl.where(cols_ok[None, :], tl.exp2(power * tl.log2(tl.maximum(u, 1e-38) / top[:, None])), 0.0)
+    # literals below fp32's smallest normal (1.2e-38) would make the expression fp64
+    w = tl.where(cols_ok[None, :], tl.exp2(power * tl.log2(tl.maximum(u, 1e-30) / top[:, None])), 0.0)
     ratio = tl.sqrt(tl.sum(u * u, axis=1) / tl.sum(w * w, axis=1))
     tl.store(stats_ptr + (b * N + rows) * 2, top, mask=rows_ok)
     tl.store(stats_ptr + (b * N + rows) * 2 + 1, ratio, mask=rows_ok)
@@ -375,7 +405,7 @@ def focus_backward_kernel(
     u = raw * inv_scale[None, :]
     f = tl.where(mask, tl.exp2(power * tl.log2(u / top[:, None])) * ratio[:, None], 0.0)
     u = tl.where(mask, u, 0.0)
-    gamma = tl.sum(grad * f, axis=1) / tl.maximum(tl.sum(u * u, axis=1), 1e-38)
+    gamma = tl.sum(grad * f, axis=1) / tl.maximum(tl.sum(u * u, axis=1), 1e-30)
     du = power * (f / tl.where(mask, u, 1.0)) * (grad - gamma[:, None] * f) + gamma[:, None] * u
     du = tl.where(mask, du, 0.0)
     dx = tl.where(x > 0, du * inv_scale[None, :], 0.0)

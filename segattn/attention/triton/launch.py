@@ -66,7 +66,8 @@ def tuned(tuning: Tuning) -> Iterator[None]:
 class MapSpec:
     """A feature map for the kernels: ``kind`` (``kernels.IDENTITY`` ...), its scalars, and the statistics
     it reads: ``rows`` [B, N, 2] per token (FOCUS), ``cols`` per channel with strides (per head·batch,
-    per head, between its rows) (SOFTMAX_N: [B·h, 3, d]; FOCUS: 1/softplus(scale), [C])."""
+    per head, between its rows) (SOFTMAX_N: [B·h, 3, d]; FOCUS: 1/softplus(scale), [C]; POLARITY: the
+    power, [h, d]). ``widening``: features per input channel (POLARITY's 2)."""
 
     kind: int
     scale: float = 1.0
@@ -75,6 +76,7 @@ class MapSpec:
     rows: Tensor | None = None
     cols: Tensor | None = None
     col_strides: tuple[int, int, int] = (0, 0, 0)
+    widening: int = 1
 
     def args(self, like: Tensor) -> tuple[Tensor, Tensor]:
         """The kernels' (row_ptr, col_ptr) arguments: the statistics, or ``like`` where there are none."""
@@ -137,6 +139,7 @@ def context(k: Tensor, v: Tensor, phi: MapSpec, factor: float) -> Tensor:
     fp32; k, v: [B, h, N, d] / [B, h, N, dv] views."""
     kernels = load_kernels()
     batch, heads, tokens, d = k.shape
+    d *= phi.widening
     dv = v.shape[-1]
     blocks = Blocks.of(d, dv, k.dtype)
     num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, k.device)
@@ -166,6 +169,7 @@ def apply(
     return 1/den ([B·h, N] fp32), or φ(q) S and None without a normaliser; β, β₀ only with ``bias``."""
     kernels = load_kernels()
     batch, heads, tokens, d = q.shape
+    d *= phi.widening
     dv = out.shape[-1]
     blocks = Blocks.of(d, dv, q.dtype)
     inv = torch.empty(batch * heads, tokens, dtype=torch.float32, device=q.device) if normalized else None
@@ -189,10 +193,12 @@ def query_backward(
     phi: MapSpec,
     bias: bool,
 ) -> Tensor:
-    """Write ∂q into ``grad_q`` (for FOCUS: ∂L/∂φ(q), fp32) and return this process's context gradient
-    [[∂S | ∂z], [∂β | ∂β₀]] ([B·h, d + 1, dv + 1] fp32), summed over its tokens."""
+    """Write ∂q into ``grad_q`` (for FOCUS and POLARITY: ∂L/∂φ(q), fp32, [B, h, N, widening·d]) and return
+    this process's context gradient [[∂S | ∂z], [∂β | ∂β₀]] ([B·h, d + 1, dv + 1] fp32), summed over its
+    tokens."""
     kernels = load_kernels()
     batch, heads, tokens, d = q.shape
+    d *= phi.widening
     dv = grad.shape[-1]
     blocks = Blocks.of(d, dv, q.dtype)
     num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, q.device)
@@ -218,9 +224,11 @@ def keys_backward(
     factor: float,
     bias: bool,
 ) -> None:
-    """Write ∂k (for FOCUS: ∂L/∂φ(k), fp32) and ∂v from the context gradient summed over all tokens."""
+    """Write ∂k (for FOCUS and POLARITY: ∂L/∂φ(k), fp32) and ∂v from the context gradient summed over all
+    tokens."""
     kernels = load_kernels()
     batch, heads, tokens, d = k.shape
+    d *= phi.widening
     dv = v.shape[-1]
     blocks = Blocks.of(d, dv, k.dtype)
     kernels.keys_backward_kernel[(-(-tokens // blocks.BLOCK_N), batch * heads)](
