@@ -10,9 +10,9 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 
 def __getattr__(name: str):
-    """``segattn.load_model`` is imported on first use so that ``import segattn`` stays light."""
-    if name == "load_model":
-        from .checkpoints.loading import load_model
+    """``segattn.open_model`` is imported on first use so that ``import segattn`` stays light."""
+    if name == "open_model":
+        from .inference.trained import open_model
 
-        return load_model
+        return open_model
     raise AttributeError(f"module 'segattn' has no attribute {name!r}")

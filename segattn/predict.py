@@ -25,7 +25,8 @@ from .cli import run_command
 from .cpu_memory import reuse_freed_memory
 from .images import is_raster
 from .inference.image_io import find_images, normalize, overlay, read_input, save_mask, save_rgb
-from .inference.onnx import is_onnx
+from .inference.trained import TrainedModel, is_onnx, open_model
+from .record import ModelRecord
 
 if TYPE_CHECKING:
     from .inference.tiling import SlideSettings
@@ -43,18 +44,17 @@ def pair(value: Any, key: str) -> tuple[int, int] | None:
     return (int(values[0]), int(values[-1]))
 
 
-def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[str, Any]]:
-    """An onnxruntime session and numpy slide/flip inference; multi-scale TTA needs the torch path."""
-    from .inference.onnx import OnnxSegmentor, infer_numpy
+def onnx_predictor(model: TrainedModel, args: dict[str, Any]) -> Predictor:
+    """numpy slide/flip inference in the model's onnxruntime session; multi-scale TTA needs the torch path."""
+    from .inference.onnx import infer_numpy
 
     if list(args["scales"]) != [1.0]:
         scales = list(args["scales"])
         raise ValueError(f"scales={scales} (multi-scale TTA) needs a checkpoint or safetensors model")
-    model = OnnxSegmentor(path, args["threads"])
 
     def predict(images: np.ndarray) -> np.ndarray:
         logits = infer_numpy(
-            model,
+            model.session,
             images,
             args["mode"],
             pair(args["crop"], "crop"),
@@ -64,32 +64,25 @@ def onnx_predictor(path: Path, args: dict[str, Any]) -> tuple[Predictor, dict[st
         )
         return logits[0].argmax(axis=0)
 
-    return predict, model.info
+    return predict
 
 
-def torch_model(path: Path, args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """``segattn.load_model`` with the requested torch threads: (model in eval mode, info)."""
-    import torch
-
-    from .checkpoints.loading import load_model
-
-    if args["threads"]:
-        torch.set_num_threads(args["threads"])
-    return load_model(path)
-
-
-def torch_predictor(model: Any, info: dict[str, Any], args: dict[str, Any]) -> Predictor:
-    """``segattn.inference.infer`` on whole images under inference mode on the CPU."""
+def torch_predictor(model: TrainedModel, args: dict[str, Any]) -> Predictor:
+    """``segattn.inference.infer`` on whole images under inference mode on the CPU, with the requested
+    torch threads."""
     import torch
 
     from .inference.infer import infer
 
+    if args["threads"]:
+        torch.set_num_threads(args["threads"])
+
     def predict(images: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             logits = infer(
-                model,
+                model.network,
                 torch.from_numpy(images),
-                info["num_classes"],
+                model.record.num_classes,
                 args["mode"],
                 pair(args["crop"], "crop"),
                 pair(args["stride"], "stride"),
@@ -108,7 +101,8 @@ def streams(path: Path, args: dict[str, Any]) -> bool:
 
 
 def slide_settings(args: dict[str, Any], model_path: Path) -> SlideSettings:
-    """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed."""
+    """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed (checked
+    before the model is opened)."""
     from .inference.tiling import SlideSettings, default_stride
 
     if is_onnx(model_path):
@@ -137,7 +131,7 @@ def progress(items: list[Path], description: str) -> Iterator[Path]:
 
 
 def predict_files(
-    predictor: Predictor, info: dict[str, Any], files: Iterable[Path], out: Path, alpha: float
+    predictor: Predictor, record: ModelRecord, files: Iterable[Path], out: Path, alpha: float
 ) -> tuple[int, list[tuple[Path, str]]]:
     """Masks and overlays for every readable file; (written count, [(file, reason) for skipped files])."""
     written, failed = 0, []
@@ -148,9 +142,9 @@ def predict_files(
             print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
             failed.append((path, str(error)))
             continue
-        mask = predictor(normalize(rgb, info["mean"], info["std"]))
+        mask = predictor(normalize(rgb, record.mean, record.std))
         save_mask(mask, out / "masks" / f"{path.stem}.png")
-        save_rgb(overlay(rgb, mask, info["palette"], alpha), out / "overlays" / f"{path.stem}.png")
+        save_rgb(overlay(rgb, mask, record.palette, alpha), out / "overlays" / f"{path.stem}.png")
         written += 1
     return written, failed
 
@@ -174,7 +168,7 @@ def resume_note(path: Path) -> Callable[[int, int, Path], None]:
 
 
 def predict_rasters(
-    model: Any, info: dict[str, Any], files: list[Path], out: Path, settings: SlideSettings
+    model: TrainedModel, files: list[Path], out: Path, settings: SlideSettings
 ) -> tuple[int, list[tuple[Path, str]]]:
     """Stream every raster into ``out/masks/<stem>.tif``; (written count, [(file, reason) for failures])."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -189,7 +183,6 @@ def predict_rasters(
             try:
                 predict_raster(
                     model,
-                    info,
                     path,
                     out,
                     settings,
@@ -217,18 +210,17 @@ def run(args: DictConfig) -> int:
         files = find_images(args["input"])
         rasters = [path for path in files if streams(path, args)]
         settings = slide_settings(args, model_path) if rasters else None
-        if is_onnx(model_path):
-            predictor, info = onnx_predictor(model_path, args)
-        else:
-            model, info = torch_model(model_path, args)
-            predictor = torch_predictor(model, info, args)
+        model = open_model(model_path, args["threads"])
+        predictor = onnx_predictor(model, args) if model.network is None else torch_predictor(model, args)
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
     images = [path for path in files if path not in rasters]
-    written, failed = predict_files(predictor, info, progress(images, "segmenting"), out, args["alpha"])
+    written, failed = predict_files(
+        predictor, model.record, progress(images, "segmenting"), out, args["alpha"]
+    )
     if rasters:
-        streamed, raster_failures = predict_rasters(model, info, rasters, out, settings)
+        streamed, raster_failures = predict_rasters(model, rasters, out, settings)
         written, failed = written + streamed, failed + raster_failures
     views = f"overlays to {out / 'overlays'}" + (f", overviews to {out / 'overviews'}" if rasters else "")
     print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and {views}")

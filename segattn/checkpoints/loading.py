@@ -1,25 +1,25 @@
 """Save and rebuild trained models without Lightning or Hydra, and without running code found in files.
 
 Two sources: a Lightning checkpoint from ``train.py`` (weights under ``state_dict`` with prefix ``model.``,
-config under ``ckpt["segattn"]``) and an exported directory (``model.safetensors`` + ``model.yaml`` +
-``classes.json``). Both load tensors with ``weights_only=True`` / safetensors and rebuild the network with
-``build_model(**config)``, where every name is looked up in a registry; import paths are never followed.
+its ``ModelRecord`` under ``ckpt["segattn"]``) and an exported directory (``model.safetensors`` +
+``model.yaml`` + ``classes.json``). Both load tensors with ``weights_only=True`` / safetensors and rebuild
+the network with ``build_model(**config)``, where every name is looked up in a registry; import paths are
+never followed. ``segattn.inference.trained.open_model`` opens either (or an ONNX file) for the commands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from torch import nn
 
-from ..images import CLASSES_FILE, IMAGENET_MEAN, IMAGENET_STD, default_palette, read_classes, write_classes
+from ..images import CLASSES_FILE, read_classes, write_classes
+from ..record import MODEL_FILE, WEIGHTS_FILE, ModelRecord
 from .resume import read_checkpoint
 
-MODEL_FILE = "model.yaml"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
 PLAIN_TYPES = (str, int, float, bool, type(None))
 
@@ -76,27 +76,7 @@ def load_weights(load: Callable[[], tuple[list[str], list[str]]], source: str) -
         )
 
 
-def describe(config: dict[str, Any], data: dict[str, Any], source: Path, fmt: str) -> dict[str, Any]:
-    """The info dict returned next to the model: classes, palette, normalisation, the model config."""
-    num_classes = int(config["num_classes"])
-    classes = list(data.get("classes") or [str(index) for index in range(num_classes)])
-    palette = [tuple(colour) for colour in (data.get("palette") or default_palette(num_classes))]
-    return {
-        "format": fmt,
-        "path": str(source),
-        "model": dict(config),
-        "num_classes": num_classes,
-        "classes": classes,
-        "palette": palette,
-        "mean": [float(v) for v in data.get("mean", IMAGENET_MEAN)],
-        "std": [float(v) for v in data.get("std", IMAGENET_STD)],
-        "ignore_index": int(data.get("ignore_index", 255)),
-        "dataset": data.get("name"),
-        "data_config": data.get("config"),
-    }
-
-
-def load_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
+def load_checkpoint(path: Path) -> tuple[nn.Module, ModelRecord]:
     """A Lightning checkpoint from ``train.py``: weights_only load, rebuild, strip the ``model.`` prefix."""
     ckpt = read_checkpoint(path)  # weights_only; empty, foreign or truncated files named as such
     meta = ckpt.get("segattn")
@@ -107,10 +87,10 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
     prefix = "model."
     state = {key[len(prefix) :]: value for key, value in ckpt["state_dict"].items() if key.startswith(prefix)}
     load_weights(lambda: model.load_state_dict(state, strict=False), str(path))
-    return model.eval(), describe(meta["model"], meta.get("data") or {}, path, "checkpoint")
+    return model.eval(), ModelRecord.from_sections(meta["model"], meta.get("data") or {})
 
 
-def load_exported(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
+def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     """An exported directory: ``model.yaml`` (safe_load), ``model.safetensors`` and ``classes.json``."""
     from safetensors.torch import load_model as load_safetensors
 
@@ -135,52 +115,28 @@ def load_exported(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
     if (directory / CLASSES_FILE).is_file():
         spec = read_classes(directory / CLASSES_FILE)
         data.update(classes=spec.names, palette=spec.palette)
-    return model.eval(), describe(meta["model"], data, directory, "safetensors")
+    return model.eval(), ModelRecord.from_sections(meta["model"], data)
 
 
-def load_model(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """(Segmentor in eval mode on CPU, info) from a train.py checkpoint or an exported safetensors directory.
+def save_exported(model: nn.Module, record: ModelRecord | Mapping[str, Any], directory: Path) -> None:
+    """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``.
 
-    info holds ``classes``, ``palette``, ``mean``, ``std``, ``num_classes``, ``ignore_index`` and ``model``
-    (the config ``build_model`` was called with).
+    ``record`` may also be its flat form (``ModelRecord.to_dict``), as ``segattn.bench.raster`` passes it.
     """
-    path = Path(path)
-    if path.is_dir():
-        return load_exported(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint file or exported model directory")
-    if path.suffix == ".onnx":
-        raise ValueError(
-            f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict checkpoint={path}"
-        )
-    return load_checkpoint(path)
-
-
-def save_exported(model: nn.Module, info: dict[str, Any], directory: Path) -> None:
-    """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``."""
     from safetensors.torch import save_model
 
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "segattn", "version": str(FORMAT_VERSION)}
     save_model(model, str(directory / WEIGHTS_FILE), metadata=metadata)
-    write_metadata(info, directory)
+    write_metadata(record if isinstance(record, ModelRecord) else ModelRecord.from_dict(record), directory)
 
 
-def write_metadata(info: dict[str, Any], directory: Path) -> None:
+def write_metadata(record: ModelRecord, directory: Path) -> None:
     """``model.yaml`` and ``classes.json``: what every export format carries next to its weights."""
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "model": info["model"],
-        "data": {
-            "name": info.get("dataset"),
-            "mean": info["mean"],
-            "std": info["std"],
-            "ignore_index": info["ignore_index"],
-            "config": info.get("data_config"),
-        },
-    }
+    data = {key: value for key, value in record.data_section().items() if key not in ("classes", "palette")}
+    meta = {"format_version": FORMAT_VERSION, "model": record.model, "data": data}
     (directory / MODEL_FILE).write_text(yaml.safe_dump(meta, sort_keys=False))
-    write_classes(directory, info["classes"], info["palette"])
+    write_classes(directory, record.classes, record.palette)
 
 
-__all__ = ["check_plain_config", "load_checkpoint", "load_exported", "load_model", "save_exported"]
+__all__ = ["check_plain_config", "load_checkpoint", "load_exported", "save_exported", "write_metadata"]

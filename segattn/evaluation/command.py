@@ -24,14 +24,16 @@ from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.raster import RasterLayout
 from ..images import DataError
+from ..inference.trained import open_model
+from ..record import ModelRecord
 from . import report
 from .average_precision import AveragePrecisionMetric, class_ids, score_logits
 from .metrics import SegmentationMetric
-from .predictors import Predictor, load_predictor
+from .predictors import Predictor, predictor
 from .rasters import score_rasters
 
 
-def data_config(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
+def data_config(cfg: DictConfig, record: ModelRecord) -> dict[str, Any]:
     """The data config to evaluate on: ``data=<name>``'s file when one was picked, otherwise the config
     recorded in the checkpoint (or, for exports without one, its dataset's config file), with every key the
     command line set (``data.root=...``) on top. The model's own normalisation always wins."""
@@ -39,18 +41,18 @@ def data_config(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
     if "mean" in cfg.data:  # data=<name> merged a complete dataset file over eval.yaml's two keys
         data = given
     else:
-        data = dict(info.get("data_config") or recorded_dataset_file(cfg, info)) | given
+        data = dict(record.data_config or recorded_dataset_file(cfg, record)) | given
     if data.get("root") == "???":
         raise ValueError(
             f"data.root is not set; dataset {data.get('name')!r} needs the folder holding its files"
         )
     check_data_root(data)  # a missing folder is named as train.py names it
-    return data | {"mean": info["mean"], "std": info["std"], "num_classes": None, "validate": False}
+    return data | {"mean": list(record.mean), "std": list(record.std), "num_classes": None, "validate": False}
 
 
-def recorded_dataset_file(cfg: DictConfig, info: dict[str, Any]) -> dict[str, Any]:
+def recorded_dataset_file(cfg: DictConfig, record: ModelRecord) -> dict[str, Any]:
     """conf/data/<the checkpoint's dataset>.yaml, resolved against this config's paths."""
-    name = info.get("dataset")
+    name = record.dataset
     if not name:
         raise ValueError(f"checkpoint={cfg.checkpoint} does not record its dataset; name it with data=<name>")
     path = config_dir() / "data" / f"{name}.yaml"
@@ -66,10 +68,10 @@ def plain(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
 
 
-def check_classes(datamodule: SegDataModule, info: dict[str, Any], cfg: DictConfig) -> None:
-    if datamodule.num_classes != info["num_classes"]:
+def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfig) -> None:
+    if datamodule.num_classes != record.num_classes:
         raise ValueError(
-            f"checkpoint={cfg.checkpoint} predicts {info['num_classes']} classes but dataset "
+            f"checkpoint={cfg.checkpoint} predicts {record.num_classes} classes but dataset "
             f"{datamodule.name!r} has {datamodule.num_classes} ({', '.join(datamodule.classes[:12])}); "
             "evaluate it on the dataset it was trained for (data=<name> data.root=<path>)"
         )
@@ -110,7 +112,7 @@ def score_loader(
     loader: DataLoader,
     metric: SegmentationMetric,
     ap: AveragePrecisionMetric,
-    info: dict[str, Any],
+    record: ModelRecord,
     num_examples: int,
     split: str,
 ) -> list[dict[str, Any]]:
@@ -128,7 +130,7 @@ def score_loader(
                     examples.append(
                         {
                             "name": Path(str(batch["path"][index])).name,
-                            "rgb": to_rgb(resized(batch["image"][index], size), info["mean"], info["std"]),
+                            "rgb": to_rgb(resized(batch["image"][index], size), record.mean, record.std),
                             "mask": batch["mask"][index].numpy(),
                             "pred": preds[index].numpy(),
                         }
@@ -143,13 +145,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inference = OmegaConf.to_container(cfg.validation, resolve=True)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    predict, info, model = load_predictor(Path(str(cfg.checkpoint)), inference, int(cfg.threads))
-    data = data_config(cfg, info)
+    model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads))
+    predict, record = predictor(model, inference), model.record
+    data = data_config(cfg, record)
     datamodule = SegDataModule(**data)
-    check_classes(datamodule, info, cfg)
-    metric = SegmentationMetric(info["num_classes"], datamodule.ignore_index)
+    check_classes(datamodule, record, cfg)
+    metric = SegmentationMetric(record.num_classes, datamodule.ignore_index)
     ap = AveragePrecisionMetric(
-        info["num_classes"],
+        record.num_classes,
         datamodule.ignore_index,
         bins=int(cfg.metrics.ap_bins),
         mean_classes=class_ids(cfg.metrics.ap_mean_classes, datamodule.classes, "metrics.ap_mean_classes"),
@@ -159,36 +162,36 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         with Progress(transient=False) as bar:
             task = bar.add_task(f"evaluating {cfg.split} (rasters, strip by strip)", total=None)
             images = score_rasters(
-                model, info, datamodule.source, str(cfg.split), inference, metric, ap,
+                model, datamodule.source, str(cfg.split), inference, metric, ap,
                 lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
             )  # fmt: skip
     else:
         loader = build_loader(datamodule, str(cfg.split), data)
         images = len(loader.dataset)
-        examples = score_loader(predict, loader, metric, ap, info, int(cfg.num_examples), str(cfg.split))
+        examples = score_loader(predict, loader, metric, ap, record, int(cfg.num_examples), str(cfg.split))
     confusion = metric.confusion.numpy()
-    record = report.scores_record({**metric.compute(), **ap.compute()}, confusion, datamodule.classes)
+    scores = report.scores_record({**metric.compute(), **ap.compute()}, confusion, datamodule.classes)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = describe_inference(inference)
     payload = {
         "checkpoint": str(cfg.checkpoint),
-        "format": info.get("format"),
+        "format": model.format,
         "dataset": datamodule.name,
         "root": None if data.get("root") is None else str(data["root"]),
         "split": str(cfg.split),
         "images": images,
         "inference": inference,
-        **record,
+        **scores,
         "confusion": confusion.tolist(),
     }
     report.write_json(payload, out_dir / "metrics.json")
-    report.write_per_class_csv(record, out_dir / "per_class.csv")
+    report.write_per_class_csv(scores, out_dir / "per_class.csv")
     title = f"{datamodule.name} {cfg.split}, {images} images, {mode}"
     report.plot_confusion(confusion, datamodule.classes, out_dir / "confusion.png", title)
     if examples:
-        report.plot_examples(examples, [tuple(c) for c in info["palette"]], out_dir / "examples.png")
-    report.print_scores(record, f"{info.get('format')} {cfg.checkpoint} on {title}")
+        report.plot_examples(examples, record.palette, out_dir / "examples.png")
+    report.print_scores(scores, f"{model.format} {cfg.checkpoint} on {title}")
     written = "metrics.json, per_class.csv, confusion.png" + (", examples.png" if examples else "")
     print(f"eval: wrote {written} to {out_dir}")
     return payload

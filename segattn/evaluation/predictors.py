@@ -2,51 +2,43 @@
 
 A train.py checkpoint or an exported safetensors directory runs in torch through ``infer`` (exactly what
 validation runs); an ONNX export runs in onnxruntime through ``infer_numpy`` with the same window
-geometry, so the deployed artifact is scored by the same metric code.
+geometry, so the deployed artifact is scored by the same metric code. ``open_model`` opens all three.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import Module
 
-from ..checkpoints.loading import load_model
 from ..inference.infer import infer
-from ..inference.onnx import is_onnx
+from ..inference.onnx import infer_numpy
+from ..inference.trained import TrainedModel
 
 Predictor = Callable[[Tensor], Tensor]
 
 
-def torch_predictor(model: Module, info: dict[str, Any], inference: dict[str, Any]) -> Predictor:
-    """``infer`` with the validation settings, without autograd."""
+def predictor(model: TrainedModel, inference: dict[str, Any]) -> Predictor:
+    """``infer`` with the validation settings, without autograd; ``infer_numpy`` for an ONNX model, which
+    takes no multi-scale testing (ValueError naming the key)."""
+    num_classes, network, session = model.record.num_classes, model.network, model.session
+    if session is None:
 
-    def predict(images: Tensor) -> Tensor:
-        with torch.inference_mode():
-            return infer(model, images, info["num_classes"], **inference).float()
+        def predict(images: Tensor) -> Tensor:
+            with torch.inference_mode():
+                return infer(network, images, num_classes, **inference).float()
 
-    return predict
-
-
-def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple[Predictor, dict[str, Any]]:
-    from ..inference.onnx import OnnxSegmentor, infer_numpy
-
+        return predict
     if list(inference.get("scales") or [1.0]) != [1.0]:
         raise ValueError(
             f"validation.scales={list(inference['scales'])}: multi-scale testing runs on the torch path; "
             "evaluate the checkpoint or its safetensors export, or set validation.scales=[1.0]"
         )
-    session = OnnxSegmentor(path, threads=threads)
-    info = dict(session.info)
-    info.setdefault("format", "onnx")
-    info["path"] = str(session.path)
     crop, stride = inference.get("crop_size"), inference.get("stride")
 
-    def predict(images: Tensor) -> Tensor:
+    def predict_onnx(images: Tensor) -> Tensor:
         logits = infer_numpy(
             session,
             images.numpy(),
@@ -58,20 +50,4 @@ def onnx_predictor(path: Path, inference: dict[str, Any], threads: int) -> tuple
         )
         return torch.from_numpy(logits).float()
 
-    return predict, info
-
-
-def load_predictor(
-    path: Path, inference: dict[str, Any], threads: int = 0
-) -> tuple[Predictor, dict[str, Any], Module | None]:
-    """(predict, info, model) for a checkpoint, an exported directory or an ONNX model; info as
-    ``load_model``'s; model is the torch module (None for ONNX), which streamed rasters run directly."""
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint={path}: no such file or directory; expected a train.py .ckpt, an exported "
-            "safetensors directory or a model.onnx"
-        )
-    if is_onnx(path):
-        return (*onnx_predictor(path, inference, threads), None)
-    model, info = load_model(path)
-    return torch_predictor(model, info, inference), info, model
+    return predict_onnx

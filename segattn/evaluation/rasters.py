@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ..data.raster import RasterLayout, read_labels
 from ..inference.raster import RasterImage, describe_window, raster_env
 from ..inference.raster_predict import raster_strips
 from ..inference.tiling import SlideSettings, default_stride
+from ..inference.trained import TrainedModel
 from .average_precision import AveragePrecisionMetric, score_logits
 from .metrics import SegmentationMetric
 
@@ -41,8 +41,7 @@ def raster_settings(inference: dict[str, Any]) -> SlideSettings:
 
 
 def score_rasters(
-    model: Callable[[Tensor], Tensor] | None,
-    info: dict[str, Any],
+    model: TrainedModel,
     source: RasterLayout,
     split: str,
     inference: dict[str, Any],
@@ -51,9 +50,9 @@ def score_rasters(
     on_raster: Callable[[str], None] | None = None,
 ) -> int:
     """Add every raster of ``split`` to ``metric`` and ``ap``; returns how many rasters were scored."""
-    if model is None:
+    if model.network is None:
         raise ValueError(
-            f"checkpoint={info.get('path')}: data=raster streams through torch; evaluate the checkpoint "
+            f"checkpoint={model.path}: data=raster streams through torch; evaluate the checkpoint "
             "or its safetensors export instead of the ONNX model"
         )
     settings = raster_settings(inference)
@@ -67,7 +66,7 @@ def score_rasters(
             image = RasterImage(sample.image)
             try:
                 row, width = 0, image.size[1]
-                for logits in raster_strips(model, image, info, settings):
+                for logits in raster_strips(model.network, image, model.record, settings):
                     window = (row, row + logits.shape[1], 0, width)
                     where = f"{sample.mask} at {describe_window(window)}"
                     labels = sample.decoder(read_labels(sample.mask, window), where)

@@ -19,8 +19,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..checkpoints.loading import load_model
 from ..cli import run_command
+from ..inference.trained import open_model
+from ..record import ModelRecord
 from .onnx import export_onnx
 from .safetensors import export_safetensors
 from .torchscript import export_torchscript
@@ -32,7 +33,7 @@ EXPORTERS = ("auto", "dynamo", "torchscript")
 
 def export(
     model: nn.Module,
-    info: dict[str, Any],
+    record: ModelRecord,
     fmt: str,
     out: str | Path,
     size: tuple[int, int] = (512, 512),
@@ -40,7 +41,8 @@ def export(
     atol: float = 1e-4,
     exporter: str = "auto",
 ) -> dict[str, Any]:
-    """Export ``model`` (as from ``segattn.load_model``) to ``out`` in format ``fmt``; a report dict."""
+    """Export ``model`` (the network ``open_model`` rebuilt, ``record`` what it is) to ``out`` in format
+    ``fmt``; a report dict."""
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt!r}; expected one of {FORMATS}")
     if exporter not in EXPORTERS:
@@ -48,10 +50,10 @@ def export(
     model = model.eval()
     out = Path(out)
     if fmt == "onnx":
-        return export_onnx(model, info, out, size, opset, atol, exporter)
+        return export_onnx(model, record, out, size, opset, atol, exporter)
     if fmt == "torchscript":
-        return export_torchscript(model, info, out, size, atol)
-    return export_safetensors(model, info, out, size)
+        return export_torchscript(model, record, out, size, atol)
+    return export_safetensors(model, record, out, size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,11 +66,16 @@ def run(args: DictConfig) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)  # PyTorch and onnxruntime (latency report) alike
     try:
-        model, info = load_model(args.checkpoint)
+        opened = open_model(args.checkpoint)
+        if opened.network is None:
+            path = args.checkpoint
+            raise ValueError(
+                f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict checkpoint={path}"
+            )
         start = time.perf_counter()
         report = export(
-            model,
-            info,
+            opened.network,
+            opened.record,
             args.format,
             args.out,
             (args.height, args.width),

@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from ..attention import attention_class
 from ..checkpoints.loading import write_metadata
 from ..inference.onnx import METADATA_KEY, ONNX_FILE
+from ..record import ModelRecord
 from .verify import ExportError, check_sizes, compare, latency, trace_size
-from .wrapper import ExportWrapper, attention_name
+from .wrapper import ExportWrapper
 
 
 def first_line(error: BaseException) -> str:
@@ -40,14 +41,10 @@ def first_line(error: BaseException) -> str:
     return ": ".join(lines)
 
 
-def onnx_metadata(info: dict[str, Any], dynamic: bool, exporter: str) -> str:
-    """The JSON embedded in model.onnx: everything predict needs besides onnxruntime, numpy and Pillow."""
-    keys = ("num_classes", "classes", "palette", "mean", "std", "ignore_index", "model")
-    meta = {key: info[key] for key in keys} | {
-        "dataset": info.get("dataset"),
-        "data_config": info.get("data_config"),
-    }
-    return json.dumps(meta | {"dynamic": dynamic, "exporter": exporter})
+def onnx_metadata(record: ModelRecord, dynamic: bool, exporter: str) -> str:
+    """The JSON embedded in model.onnx: everything predict needs besides onnxruntime, numpy and Pillow
+    (the record's flat form, ``ModelRecord.to_dict``), and how the graph was exported."""
+    return json.dumps(record.to_dict() | {"dynamic": dynamic, "exporter": exporter})
 
 
 @contextlib.contextmanager
@@ -93,20 +90,20 @@ def torch_onnx_export(
 
 
 def onnx_attempt(
-    wrapper: nn.Module, info: dict[str, Any], path: Path, opset: int, exporter: str, shapes: list, atol: float
+    wrapper: nn.Module, record: ModelRecord, path: Path, opset: int, exporter: str, shapes: list, atol: float
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Export with one exporter, embed the metadata, check in onnxruntime; (ORT runner, check results)."""
     import onnx
     import onnxruntime as ort
 
-    dynamic = attention_class(attention_name(info)).onnx_dynamic
-    label = f"onnx[{attention_name(info)}, {exporter} exporter]"
+    dynamic = attention_class(record.attention).onnx_dynamic
+    label = f"onnx[{record.attention}, {exporter} exporter]"
     # Batch 2: torch.export specialises a dimension whose example size is 0 or 1. A dynamic graph is
     # traced at trace_size so that the TorchScript-based exporter records the general branches.
     example = torch.randn(2, 3, *(trace_size(*shapes[0][2:]) if dynamic else shapes[0][2:]))
     torch_onnx_export(wrapper, example, path, opset, exporter, dynamic)
     proto = onnx.load(str(path))
-    proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(info, dynamic, exporter))
+    proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(record, dynamic, exporter))
     onnx.save(proto, str(path))
     options = ort.SessionOptions()
     options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
@@ -124,7 +121,7 @@ def onnx_attempt(
 
 def export_onnx(
     model: nn.Module,
-    info: dict[str, Any],
+    record: ModelRecord,
     out: Path,
     size: tuple[int, int],
     opset: int,
@@ -136,7 +133,7 @@ def export_onnx(
     ``exporter=auto`` tries torch's dynamo exporter first and the TorchScript-based one if that fails
     or does not reproduce PyTorch.
     """
-    name = attention_name(info)
+    name = record.attention
     dynamic = attention_class(name).onnx_dynamic
     if opset < 17:
         raise ExportError(f"opset={opset}; segattn exports need opset >= 17 (LayerNorm as one op)")
@@ -152,7 +149,7 @@ def export_onnx(
     errors = []
     for attempt in ("dynamo", "torchscript") if exporter == "auto" else (exporter,):
         try:
-            run_ort, results = onnx_attempt(wrapper, info, path, opset, attempt, shapes, atol)
+            run_ort, results = onnx_attempt(wrapper, record, path, opset, attempt, shapes, atol)
             break
         except Exception as error:
             reason = first_line(error)
@@ -161,7 +158,7 @@ def export_onnx(
     else:
         path.unlink(missing_ok=True)
         raise ExportError(f"attention {name!r} cannot be exported to ONNX ({'; '.join(errors)})")
-    write_metadata(info, out)
+    write_metadata(record, out)
     images = torch.randn(1, 3, *size)
     with torch.inference_mode():
         timing = latency({"onnxruntime_ms": run_ort, "pytorch_ms": wrapper}, images)

@@ -7,17 +7,18 @@ from typing import Any
 
 from torch import nn
 
-from ..checkpoints.loading import WEIGHTS_FILE, load_exported, save_exported
+from ..checkpoints.loading import load_exported, save_exported
+from ..record import WEIGHTS_FILE, ModelRecord
 from .verify import check_sizes, compare
-from .wrapper import ExportWrapper, attention_name
+from .wrapper import ExportWrapper
 
 
 def export_safetensors(
-    model: nn.Module, info: dict[str, Any], out: Path, size: tuple[int, int]
+    model: nn.Module, record: ModelRecord, out: Path, size: tuple[int, int]
 ) -> dict[str, Any]:
-    """model.safetensors + model.yaml + classes.json, reloaded with load_model; must match exactly."""
-    name = attention_name(info)
-    save_exported(model, info, out)
+    """model.safetensors + model.yaml + classes.json, reloaded with load_exported; must match exactly."""
+    name = record.attention
+    save_exported(model, record, out)
     reloaded, _ = load_exported(out)
     results = compare(
         ExportWrapper(model).eval(),

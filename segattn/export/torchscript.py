@@ -11,18 +11,19 @@ from torch import nn
 
 from ..attention import attention_class
 from ..checkpoints.loading import write_metadata
+from ..record import ModelRecord
 from .onnx import onnx_metadata
 from .verify import ExportError, check_sizes, compare, trace_size
-from .wrapper import ExportWrapper, attention_name
+from .wrapper import ExportWrapper
 
 TORCHSCRIPT_FILE = "model.pt"
 
 
 def export_torchscript(
-    model: nn.Module, info: dict[str, Any], out: Path, size: tuple[int, int], atol: float
+    model: nn.Module, record: ModelRecord, out: Path, size: tuple[int, int], atol: float
 ) -> dict[str, Any]:
     """model.pt traced at ``size`` (metadata in its extra files), checked on two sizes; refused by flag."""
-    name = attention_name(info)
+    name = record.attention
     label = f"torchscript[{name}]"
     if not attention_class(name).torchscript:
         raise ExportError(
@@ -40,8 +41,8 @@ def export_torchscript(
     with warnings.catch_warnings():
         # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(traced, str(path), _extra_files={"segattn.json": onnx_metadata(info, True, "trace")})
+        torch.jit.save(traced, str(path), _extra_files={"segattn.json": onnx_metadata(record, True, "trace")})
         loaded = torch.jit.load(str(path))
     results = compare(wrapper, loaded, check_sizes(*size), atol, label)
-    write_metadata(info, out)
+    write_metadata(record, out)
     return {"format": "torchscript", "attention": name, "checks": results}

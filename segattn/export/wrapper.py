@@ -1,9 +1,6 @@
-"""What every format exports: the model behind a tensor-in / tensor-out wrapper, and the variant's name
-that labels its checks and errors."""
+"""What every format exports: the model behind a tensor-in / tensor-out wrapper."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -17,8 +14,3 @@ class ExportWrapper(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images).float()
-
-
-def attention_name(info: dict[str, Any]) -> str:
-    """The exported model's attention variant (``softmax`` where its config names none)."""
-    return str(info["model"].get("attention", "softmax"))

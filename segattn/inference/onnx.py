@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from ..record import ModelRecord
 from .tiling import default_stride, slide_windows
 
 METADATA_KEY = "segattn"
 ONNX_FILE = "model.onnx"
 
 
-def is_onnx(path: Path) -> bool:
-    """A ``.onnx`` file, or a directory holding ``model.onnx`` but no safetensors export."""
-    if path.is_dir():
-        return (path / ONNX_FILE).is_file() and not (path / "model.safetensors").is_file()
-    return path.suffix == ".onnx"
-
-
 class OnnxSegmentor:
-    """``model.onnx`` in an onnxruntime session; ``info`` is the metadata the export embedded in it."""
+    """``model.onnx`` in an onnxruntime session; ``record``: the ``ModelRecord`` embedded in it."""
 
     def __init__(self, path: str | Path, threads: int = 0) -> None:
         import onnxruntime as ort
@@ -45,7 +38,7 @@ class OnnxSegmentor:
                 f"{self.path}: no '{METADATA_KEY}' metadata (classes, mean, std); "
                 "export it with python -m segattn.export format=onnx"
             )
-        self.info: dict[str, Any] = json.loads(raw)
+        self.record = ModelRecord.from_dict(json.loads(raw))
         self.input_name = self.session.get_inputs()[0].name
         _, _, height, width = self.session.get_inputs()[0].shape
         self.fixed_size = (height, width) if isinstance(height, int) and isinstance(width, int) else None
@@ -89,7 +82,7 @@ def infer_numpy(
     flip: bool = False,
 ) -> np.ndarray:
     """Logits [B, K, H, W] for normalised float32 ``images`` [B, 3, H, W]; flip TTA averages the mirror."""
-    num_classes = int(model.info["num_classes"])
+    num_classes = model.record.num_classes
     height, width = images.shape[-2:]
     if model.fixed_size is not None:
         # A fixed-shape graph sees only crops of its export size: pad small images up to it, then slide.
@@ -114,4 +107,4 @@ def infer_numpy(
     return logits[..., :height, :width]
 
 
-__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "is_onnx", "slide_numpy"]
+__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "slide_numpy"]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoints.atomic import atomic_write
+from ..record import ModelRecord
 from .image_io import normalize, save_rgb
 from .raster import (
     BLOCK,
@@ -36,6 +37,7 @@ from .raster import (
 )
 from .strips import first_job, slide_strips
 from .tiling import SlideSettings, Window, slide_windows
+from .trained import TrainedModel
 
 OVERVIEW_SIDE = 1024
 
@@ -51,16 +53,16 @@ def outputs(out: Path, path: Path) -> dict[str, Path]:
     }
 
 
-def run_key(path: Path, info: dict[str, Any], settings: SlideSettings) -> dict[str, Any]:
+def run_key(path: Path, model: TrainedModel, settings: SlideSettings) -> dict[str, Any]:
     """What a partial mask was computed from; a resume needs all of it unchanged."""
-    image, model = path.stat(), Path(info["path"])
+    image, model_path = path.stat(), model.path
     return {
         "input": str(path.resolve()),
         "input_bytes": image.st_size,
         "input_mtime_ns": image.st_mtime_ns,
-        "model": str(model.resolve()),
-        "model_mtime_ns": model.stat().st_mtime_ns if model.exists() else None,
-        "num_classes": info["num_classes"],
+        "model": str(model_path.resolve()),
+        "model_mtime_ns": model_path.stat().st_mtime_ns if model_path.exists() else None,
+        "num_classes": model.record.num_classes,
         **{
             key: list(value) if isinstance(value, tuple) else value for key, value in asdict(settings).items()
         },
@@ -88,25 +90,25 @@ def record_progress(files: dict[str, Path], key: dict[str, Any], rows: int) -> N
 
 
 def raster_strips(
-    model: Callable[[Tensor], Tensor],
+    network: Callable[[Tensor], Tensor],
     image: RasterImage,
-    info: dict[str, Any],
+    record: ModelRecord,
     settings: SlideSettings,
     start_row: int = 0,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[Tensor]:
-    """``slide_strips`` over a raster: windows read and normalised by ``info``'s mean and std as the model
-    was trained, strips of one output tile row (``BLOCK``); what predict writes and eval scores."""
+    """``slide_strips`` of ``network`` over a raster: windows read and normalised by ``record``'s mean and
+    std as the model was trained, strips of one output tile row (``BLOCK``); what predict writes and eval
+    scores."""
 
     def read(window: Window) -> Tensor:
-        return torch.from_numpy(normalize(image.read(window), info["mean"], info["std"])[0])
+        return torch.from_numpy(normalize(image.read(window), record.mean, record.std)[0])
 
-    return slide_strips(model, read, image.size, info["num_classes"], settings, BLOCK, start_row, on_batch)
+    return slide_strips(network, read, image.size, record.num_classes, settings, BLOCK, start_row, on_batch)
 
 
 def predict_raster(
-    model: Callable[[Tensor], Tensor],
-    info: dict[str, Any],
+    model: TrainedModel,
     path: Path,
     out: Path,
     settings: SlideSettings,
@@ -114,7 +116,8 @@ def predict_raster(
     after_strip: Callable[[int], None] | None = None,
     on_resume: Callable[[int, int, Path], None] | None = None,
 ) -> Path:
-    """Segment the raster ``path`` into ``out/masks/<stem>.tif`` (and its overview); returns the mask path.
+    """Segment the raster ``path`` with ``model``'s torch network into ``out/masks/<stem>.tif`` (and its
+    overview); returns the mask path.
 
     ``on_windows(done, total)`` follows progress in windows; ``after_strip(rows_done)`` runs after each
     strip is recorded (tests stop a run there); ``on_resume(row, height, partial)`` is told where a run
@@ -124,12 +127,12 @@ def predict_raster(
     with raster_env(), torch.inference_mode():
         image = RasterImage(path)
         try:
-            key = run_key(path, info, settings)
+            key = run_key(path, model, settings)
             height, width = image.size
             start = resume_row(files, key, image.size)
             if start == 0:
                 files["mask"].parent.mkdir(parents=True, exist_ok=True)
-                create_mask(files["partial"], image.size, info["num_classes"], image.profile)
+                create_mask(files["partial"], image.size, model.record.num_classes, image.profile)
             elif on_resume is not None:
                 on_resume(start, height, files["partial"])
             windows = slide_windows(height, width, settings.crop, settings.stride)
@@ -142,17 +145,19 @@ def predict_raster(
                 if on_windows is not None:
                     on_windows(done, total)
 
-            strips = raster_strips(model, image, info, settings, start, counted)
+            strips = raster_strips(model.network, image, model.record, settings, start, counted)
             row = start
             for logits in strips if start < height else ():  # start == height: only the rename was missing
-                write_rows(files["partial"], row, logits.argmax(dim=0).numpy(), info["palette"])
+                write_rows(files["partial"], row, logits.argmax(dim=0).numpy(), model.record.palette)
                 row += logits.shape[1]
                 record_progress(files, key, row)
                 if after_strip is not None:
                     after_strip(row)
         finally:
             image.close()
-        overview = np.asarray(info["palette"], dtype=np.uint8)[read_overview(files["partial"], OVERVIEW_SIDE)]
+        overview = np.asarray(model.record.palette, dtype=np.uint8)[
+            read_overview(files["partial"], OVERVIEW_SIDE)
+        ]
     save_rgb(overview, files["overview"])
     fsync_replace(files["partial"], files["mask"])
     os.remove(files["progress"])

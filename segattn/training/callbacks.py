@@ -66,7 +66,7 @@ class WandbValidationPanel(pl.Callback):
     ) -> None:
         if len(self.samples) >= self.num_images or not self.active(trainer):
             return
-        info = pl_module.data_info
+        record = pl_module.record
         for index in range(min(len(batch["image"]), self.num_images - len(self.samples))):
             image, mask, pred = batch["image"][index], batch["mask"][index], outputs["preds"][index]
             top = outputs.get("band_start", 0)  # trainer=spatial: the rows this process predicted
@@ -74,7 +74,7 @@ class WandbValidationPanel(pl.Callback):
             step = max(1, math.ceil(max(image.shape[-2:]) / self.max_size))
             self.samples.append(
                 (
-                    to_uint8_image(image[:, ::step, ::step], info["mean"], info["std"]),
+                    to_uint8_image(image[:, ::step, ::step], record.mean, record.std),
                     mask[::step, ::step].cpu().numpy().astype(np.int64),
                     pred[::step, ::step].cpu().numpy().astype(np.int64),
                     str(batch["path"][index]) if "path" in batch else "",
@@ -85,9 +85,9 @@ class WandbValidationPanel(pl.Callback):
         if not self.active(trainer):
             return
         logger = wandb_logger(trainer)
-        info = pl_module.data_info
-        labels = {index: name for index, name in enumerate(info["classes"])}
-        labels[info["ignore_index"]] = "ignore"
+        record = pl_module.record
+        labels = {index: name for index, name in enumerate(record.classes)}
+        labels[record.ignore_index] = "ignore"
         if self.samples:
             images, masks, preds, paths = zip(*self.samples, strict=True)
             overlays = [
@@ -104,7 +104,7 @@ class WandbValidationPanel(pl.Callback):
         if scores:
             rows = [
                 [name, finite_or_none(scores["IoU"][name]), finite_or_none(scores["Acc"][name])]
-                for name in info["classes"]
+                for name in record.classes
             ]
             logger.log_table(
                 "val/per_class", columns=["class", "IoU", "Acc"], data=rows, step=trainer.global_step

@@ -18,6 +18,7 @@ from ..evaluation.average_precision import AveragePrecisionMetric, score_logits
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
 from ..parallel import band_forward
+from ..record import ModelRecord
 from .spatial import band_group_of, band_loss, share_batch
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
@@ -27,8 +28,8 @@ SchedulerFactory = Callable[[Optimizer, int], LRScheduler]
 class SegmentationModule(pl.LightningModule):
     """Trains ``model`` (a Segmentor) with ``criterion``; validates and tests with ``infer(**inference)``.
 
-    ``data_info`` ({name, classes, palette, ignore_index, mean, std}) is stored in checkpoints next to
-    ``model.config`` so the model can be rebuilt and used from the checkpoint alone. ``average_precision``
+    ``record`` (what the model is: its config, classes, palette, normalisation, dataset) is stored in
+    checkpoints so the model can be rebuilt and used from the checkpoint alone. ``average_precision``
     ({bins, mean_classes}: ``AveragePrecisionMetric``'s options) sets the per-class AP scored beside IoU.
     ``compile_network`` (``model.compile``) compiles the network in place once, before training
     (``Segmentor.compile``).
@@ -40,7 +41,7 @@ class SegmentationModule(pl.LightningModule):
         criterion: nn.Module,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory,
-        data_info: dict[str, Any],
+        record: ModelRecord,
         inference: dict[str, Any] | None = None,
         compile_network: bool = False,
         average_precision: dict[str, Any] | None = None,
@@ -50,11 +51,11 @@ class SegmentationModule(pl.LightningModule):
         self.criterion = criterion
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        self.data_info = data_info
+        self.record = record
         self.inference = dict(inference or {})
-        self.val_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
-        self.test_metric = SegmentationMetric(model.num_classes, data_info["ignore_index"])
-        ap_options = {"ignore_index": data_info["ignore_index"], **(average_precision or {})}
+        self.val_metric = SegmentationMetric(model.num_classes, record.ignore_index)
+        self.test_metric = SegmentationMetric(model.num_classes, record.ignore_index)
+        ap_options = {"ignore_index": record.ignore_index, **(average_precision or {})}
         self.val_ap = AveragePrecisionMetric(model.num_classes, **ap_options)
         self.test_ap = AveragePrecisionMetric(model.num_classes, **ap_options)
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
@@ -144,7 +145,7 @@ class SegmentationModule(pl.LightningModule):
         ap.reset()
         summary_keys, per_class_keys = (*SUMMARY_KEYS, "mAP"), (*PER_CLASS_KEYS, "AP")
         self.log_dict({f"{prefix}/{name}": scores[name].float() for name in summary_keys})
-        classes = self.data_info["classes"]
+        classes = self.record.classes
         return {
             **{name: scores[name].item() for name in summary_keys},
             **{name: dict(zip(classes, scores[name].tolist(), strict=True)) for name in per_class_keys},
@@ -158,7 +159,7 @@ class SegmentationModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["segattn"] = {
             "model": dict(self.model.config),
-            "data": dict(self.data_info),
+            "data": self.record.data_section(),
             "wandb_run_id": self.wandb_run_id(),
         }
         checkpoint["rng_states"] = rng_state()

@@ -37,6 +37,7 @@ from ..data import SegDataModule
 from ..evaluation.average_precision import class_ids
 from ..images import DataError
 from ..models import build_model
+from ..record import ModelRecord
 from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel
 from .fsdp import FullyShardedStrategy
@@ -119,23 +120,22 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
             f"skipped (shape) {report['skipped']}; missing {report['missing']}; "
             f"unexpected {report['unexpected']}"
         )
-    data_info = {
-        "name": cfg.data.name,
-        "config": recorded_data_config(cfg),
-        "classes": list(datamodule.classes),
-        "palette": [list(colour) for colour in datamodule.palette],
-        "ignore_index": int(datamodule.ignore_index),
-        "mean": [float(v) for v in datamodule.mean],
-        "std": [float(v) for v in datamodule.std],
-    }
+    record = ModelRecord(
+        model=model.config,
+        classes=list(datamodule.classes),
+        palette=[(int(r), int(g), int(b)) for r, g, b in datamodule.palette],
+        mean=tuple(float(v) for v in datamodule.mean),
+        std=tuple(float(v) for v in datamodule.std),
+        ignore_index=int(datamodule.ignore_index),
+        dataset=cfg.data.name,
+        data_config=recorded_data_config(cfg),
+    )
     return SegmentationModule(
         model=model,
-        criterion=SegLoss(
-            num_classes=model.num_classes, ignore_index=data_info["ignore_index"], **plain(cfg.loss)
-        ),
+        criterion=SegLoss(num_classes=model.num_classes, ignore_index=record.ignore_index, **plain(cfg.loss)),
         optimizer=functools.partial(build_optimizer, **plain(cfg.optimizer)),
         scheduler=functools.partial(build_scheduler, **plain(cfg.scheduler)),
-        data_info=data_info,
+        record=record,
         inference=plain(cfg.validation),
         compile_network=compile_network,
         average_precision={

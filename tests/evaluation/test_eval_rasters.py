@@ -12,12 +12,14 @@ import torch
 from raster_fixtures import CLASSES, label_raster, make_raster_dataset, scene
 from train_overrides import compose_config
 
-from segattn.checkpoints.loading import load_model, save_exported
+from segattn.checkpoints.loading import save_exported
 from segattn.evaluation.command import run as evaluate
-from segattn.images import IMAGENET_MEAN, IMAGENET_STD, default_palette
+from segattn.images import default_palette
 from segattn.inference.image_io import normalize
 from segattn.inference.infer import infer
+from segattn.inference.trained import open_model
 from segattn.models import build_model
+from segattn.record import ModelRecord
 
 SIZES = [(300, 520), (130, 170)]  # the second is smaller than the window on one side
 SLIDE = ["validation.mode=slide", "validation.crop_size=[128,160]", "validation.stride=[96,120]"]
@@ -38,16 +40,8 @@ def setup(tmp_path_factory) -> dict[str, Path]:
         patch_size=8,
         img_size=32,
     ).eval()
-    info = {
-        "model": model.config,
-        "classes": CLASSES,
-        "palette": default_palette(3),
-        "mean": list(IMAGENET_MEAN),
-        "std": list(IMAGENET_STD),
-        "ignore_index": 255,
-        "dataset": "raster",
-    }
-    save_exported(model, info, root / "model")
+    record = ModelRecord(model.config, CLASSES, default_palette(3), dataset="raster")
+    save_exported(model, record, root / "model")
     return {"model": root / "model", "data": make_raster_dataset(root / "data", {"test": SIZES})}
 
 
@@ -57,12 +51,14 @@ def eval_config(out: Path, *overrides: str):
 
 def expected_confusion(model_dir: Path, flip: bool) -> np.ndarray:
     """In-memory infer(mode=slide) of each whole raster, labels counted with numpy, ignore left out."""
-    model, info = load_model(model_dir)
+    model = open_model(model_dir)
     confusion = np.zeros((3, 3), dtype=np.int64)
     for index, size in enumerate(SIZES):
-        images = torch.from_numpy(normalize(scene(size, index).transpose(1, 2, 0), info["mean"], info["std"]))
+        images = torch.from_numpy(
+            normalize(scene(size, index).transpose(1, 2, 0), model.record.mean, model.record.std)
+        )
         with torch.inference_mode():
-            logits = infer(model, images, 3, "slide", (128, 160), (96, 120), 4, flip=flip)
+            logits = infer(model.network, images, 3, "slide", (128, 160), (96, 120), 4, flip=flip)
         pred, label = logits[0].argmax(0).numpy().ravel(), label_raster(size, index)[0].ravel()
         valid = label != 255
         confusion += np.bincount(label[valid] * 3 + pred[valid], minlength=9).reshape(3, 3)

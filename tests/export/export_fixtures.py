@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,7 +10,9 @@ from torch import nn
 
 from segattn.attention import attention_options
 from segattn.images import IMAGENET_MEAN, IMAGENET_STD
+from segattn.inference.trained import TrainedModel
 from segattn.models import build_model
+from segattn.record import ModelRecord
 
 CLASSES = ["background", "thing", "stuff"]
 PALETTE = [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
@@ -41,17 +44,11 @@ def tiny_model(name: str, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
-def tiny_info(model: nn.Module) -> dict[str, Any]:
-    """The info dict ``segattn.load_model`` returns, for a model built in a test."""
-    return {
-        "format": "test",
-        "path": "",
-        "model": model.config,
-        "num_classes": len(CLASSES),
-        "classes": CLASSES,
-        "palette": PALETTE,
-        "mean": MEAN,
-        "std": STD,
-        "ignore_index": 255,
-        "dataset": "synthetic",
-    }
+def tiny_record(model: nn.Module) -> ModelRecord:
+    """The record of a model built in a test."""
+    return ModelRecord(model.config, CLASSES, PALETTE, dataset="synthetic")
+
+
+def tiny_opened(model: nn.Module) -> TrainedModel:
+    """A model built in a test as ``open_model`` returns it (its path names no file)."""
+    return TrainedModel(tiny_record(model), Path(""), "test", network=model)

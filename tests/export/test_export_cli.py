@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from export_fixtures import tiny_info, tiny_model
+from export_fixtures import tiny_model, tiny_record
 from PIL import Image
 
 from segattn.attention import ATTENTION_REGISTRY, AttentionBase, attention_class
@@ -40,7 +40,7 @@ def registered(monkeypatch):
 
 def exported_dir(name: str, path: Path) -> Path:
     model = tiny_model(name)
-    save_exported(model, tiny_info(model), path)
+    save_exported(model, tiny_record(model), path)
     return path
 
 

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
-from export_fixtures import CLASSES, SECOND, SIZE, tiny_info
+from export_fixtures import CLASSES, SECOND, SIZE, tiny_record
 
 from segattn.export import export
 from segattn.models import build_model
@@ -45,7 +45,7 @@ def test_efficientvit_trains_a_step_and_exports_to_onnx(attention: str, exporter
     with torch.no_grad():
         model(images)
     model.eval()
-    report = export(model, tiny_info(model), "onnx", tmp_path, size=SIZE, exporter=exporter)
+    report = export(model, tiny_record(model), "onnx", tmp_path, size=SIZE, exporter=exporter)
     assert report["dynamic"]
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import torch
-from export_fixtures import CLASSES, SECOND, tiny_info
+from export_fixtures import CLASSES, SECOND, tiny_record
 
 from segattn.export import export
 from segattn.models import build_model
@@ -31,7 +31,7 @@ def test_pvt_v1_exports_with_resampled_position_encodings(tmp_path) -> None:
     with torch.no_grad():  # position encodings and FLatten's scale away from their zero init
         for param in model.parameters():
             param.add_(0.1 * torch.randn_like(param))
-    report = export(model, tiny_info(model), "onnx", tmp_path, size=(64, 64), exporter="torchscript")
+    report = export(model, tiny_record(model), "onnx", tmp_path, size=(64, 64), exporter="torchscript")
     assert report["dynamic"]
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     batch = np.random.default_rng(0).standard_normal(SECOND, dtype=np.float32)  # 27×45: resampled grids

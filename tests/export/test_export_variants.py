@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from export_fixtures import CLASSES, PALETTE, SECOND, SIZE, tiny_info, tiny_model
+from export_fixtures import CLASSES, PALETTE, SECOND, SIZE, tiny_model, tiny_record
 
 import segattn
 from segattn.attention import attention_class, available_attention
@@ -29,7 +29,7 @@ def reference(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("name", VARIANTS)
 def test_onnx_export_matches_pytorch_in_onnxruntime(name, tmp_path):
     model = tiny_model(name)
-    report = export(model, tiny_info(model), "onnx", tmp_path, size=SIZE)
+    report = export(model, tiny_record(model), "onnx", tmp_path, size=SIZE)
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     batch, _, height, width = session.get_inputs()[0].shape
     meta = json.loads(session.get_modelmeta().custom_metadata_map["segattn"])
@@ -63,9 +63,9 @@ def test_torchscript_trace_matches_pytorch_or_is_refused_by_flag(name, tmp_path)
     model = tiny_model(name)
     if not attention_class(name).torchscript:
         with pytest.raises(ExportError, match=f"'{name}'.*TorchScript"):
-            export(model, tiny_info(model), "torchscript", tmp_path, size=SIZE)
+            export(model, tiny_record(model), "torchscript", tmp_path, size=SIZE)
         return
-    export(model, tiny_info(model), "torchscript", tmp_path, size=SIZE)
+    export(model, tiny_record(model), "torchscript", tmp_path, size=SIZE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         traced = torch.jit.load(str(tmp_path / "model.pt"))
@@ -79,9 +79,10 @@ def test_torchscript_trace_matches_pytorch_or_is_refused_by_flag(name, tmp_path)
 @pytest.mark.parametrize("name", VARIANTS)
 def test_safetensors_reload_gives_identical_outputs(name, tmp_path):
     model = tiny_model(name)
-    export(model, tiny_info(model), "safetensors", tmp_path, size=SIZE)
-    reloaded, info = segattn.load_model(tmp_path)
-    assert info["classes"] == CLASSES and info["palette"] == PALETTE and info["model"] == model.config
+    export(model, tiny_record(model), "safetensors", tmp_path, size=SIZE)
+    opened = segattn.open_model(tmp_path)
+    reloaded, record = opened.network, opened.record
+    assert record.classes == CLASSES and record.palette == PALETTE and record.model == model.config
     state, reloaded_state = model.state_dict(), reloaded.state_dict()
     assert state.keys() == reloaded_state.keys()
     assert all(torch.equal(state[key], reloaded_state[key]) for key in state)

@@ -1,4 +1,4 @@
-"""segattn.load_model: Lightning checkpoints and exported directories, rebuilt from registry names only."""
+"""segattn.open_model: checkpoints, exported directories (rebuilt from registry names only) and ONNX."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import os
 import pytest
 import torch
 import yaml
-from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model
+from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model, tiny_record
 
 import segattn
 from segattn.checkpoints.loading import save_exported
+from segattn.export.command import export
 
 
 def write_checkpoint(path, model, **overrides):
@@ -36,14 +37,16 @@ def write_checkpoint(path, model, **overrides):
 
 def test_checkpoint_loads_with_its_metadata_and_weights(tmp_path):
     model = tiny_model("flatten", seed=5)
-    loaded, info = segattn.load_model(write_checkpoint(tmp_path / "last.ckpt", model))
-    assert not loaded.training
-    assert (info["classes"], info["palette"], info["mean"], info["num_classes"]) == (
+    opened = segattn.open_model(write_checkpoint(tmp_path / "last.ckpt", model))
+    loaded, record = opened.network, opened.record
+    assert not loaded.training and opened.format == "checkpoint"
+    assert (record.classes, record.palette, list(record.mean), record.num_classes) == (
         CLASSES,
         PALETTE,
         MEAN,
         3,
     )
+    assert (record.family, record.attention, record.dataset) == ("vit", "flatten", "synthetic")
     images = torch.randn(1, 3, 27, 45)
     with torch.inference_mode():
         assert torch.equal(loaded(images), model(images))
@@ -52,7 +55,7 @@ def test_checkpoint_loads_with_its_metadata_and_weights(tmp_path):
 def test_pretrained_file_named_in_a_config_is_never_read(tmp_path):
     model = tiny_model("linear")
     path = write_checkpoint(tmp_path / "c.ckpt", model, pretrained=str(tmp_path / "absent.pth"))
-    loaded, _ = segattn.load_model(path)  # the checkpoint's weights win; the file is not opened
+    loaded = segattn.open_model(path).network  # the checkpoint's weights win; the file is not opened
     assert torch.equal(
         loaded.state_dict()["head.classifier.weight"], model.state_dict()["head.classifier.weight"]
     )
@@ -70,7 +73,7 @@ def test_pretrained_file_named_in_a_config_is_never_read(tmp_path):
 def test_config_naming_a_callable_is_refused(tmp_path, overrides, message):
     path = write_checkpoint(tmp_path / "bad.ckpt", tiny_model("linear"), **overrides)
     with pytest.raises(ValueError, match=message) as error:
-        segattn.load_model(path)
+        segattn.open_model(path)
     assert "bad.ckpt" in str(error.value)
 
 
@@ -78,36 +81,41 @@ def test_pickled_object_in_a_checkpoint_is_refused_not_run(tmp_path):
     path = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "segattn": {"model": {"name": "vit"}}, "hook": os.system}, path)
     with pytest.raises(ValueError, match="refused to unpickle"):
-        segattn.load_model(path)
+        segattn.open_model(path)
 
 
 def test_exported_directory_refuses_python_yaml_tags_and_names_missing_weights(tmp_path):
     model = tiny_model("linear")
-    save_exported(
-        model,
-        {
-            "model": model.config,
-            "num_classes": 3,
-            "classes": CLASSES,
-            "palette": PALETTE,
-            "mean": MEAN,
-            "std": STD,
-            "ignore_index": 255,
-            "dataset": None,
-        },
-        tmp_path,
-    )
+    save_exported(model, tiny_record(model), tmp_path)
     meta = yaml.safe_load((tmp_path / "model.yaml").read_text())
     assert meta["model"] == model.config and meta["data"]["mean"] == MEAN
     (tmp_path / "model.yaml").write_text("model: !!python/object/apply:os.system ['echo owned']\n")
     with pytest.raises(ValueError, match="not a plain YAML mapping"):
-        segattn.load_model(tmp_path)
+        segattn.open_model(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing model\.safetensors"):
-        segattn.load_model(tmp_path)
+        segattn.open_model(tmp_path)
 
 
 def test_weights_that_do_not_match_the_config_name_the_file(tmp_path):
     path = write_checkpoint(tmp_path / "wide.ckpt", tiny_model("linear"), embed_dim=32)
     with pytest.raises(ValueError, match=r"wide\.ckpt: weights do not match"):
-        segattn.load_model(path)
+        segattn.open_model(path)
+
+
+def test_an_onnx_export_opens_in_onnxruntime_with_the_same_record(tmp_path):
+    model = tiny_model("linear")
+    export(model, tiny_record(model), "onnx", tmp_path, size=(32, 32))
+    for path in (tmp_path, tmp_path / "model.onnx"):  # the directory holding model.onnx alone, or the file
+        opened = segattn.open_model(path)
+        assert (opened.format, opened.path, opened.network) == ("onnx", tmp_path / "model.onnx", None)
+        assert opened.record == tiny_record(model)
+
+
+def test_a_missing_model_is_named_with_what_was_expected(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        segattn.open_model(tmp_path / "gone.ckpt")
+    assert str(error.value) == (
+        f"checkpoint={tmp_path / 'gone.ckpt'}: no such file or directory; expected a train.py .ckpt, an "
+        "exported safetensors directory or a model.onnx"
+    )

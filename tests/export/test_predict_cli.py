@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from export_fixtures import MEAN, PALETTE, STD, tiny_info, tiny_model
+from export_fixtures import MEAN, PALETTE, STD, tiny_model, tiny_record
 from PIL import Image
 
 from segattn.export import export
@@ -23,8 +23,8 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     """One tiny model exported as safetensors and as ONNX."""
     root = tmp_path_factory.mktemp("exported")
     model = tiny_model("linear", seed=3)
-    export(model, tiny_info(model), "safetensors", root / "st", size=(32, 32))
-    export(model, tiny_info(model), "onnx", root / "onnx", size=(32, 32))
+    export(model, tiny_record(model), "safetensors", root / "st", size=(32, 32))
+    export(model, tiny_record(model), "onnx", root / "onnx", size=(32, 32))
     return {"safetensors": root / "st", "onnx": root / "onnx" / "model.onnx"}
 
 

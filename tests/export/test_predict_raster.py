@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 import rasterio
 import torch
-from export_fixtures import PALETTE, tiny_info, tiny_model
+from export_fixtures import PALETTE, tiny_model, tiny_opened, tiny_record
 from PIL import Image
 from raster_fixtures import CRS_UTM, TRANSFORM, read_band, scene, write_geotiff
 from rasterio.crs import CRS
 
-from segattn.checkpoints.loading import load_model, save_exported
+from segattn.checkpoints.loading import save_exported
 from segattn.inference.image_io import normalize
 from segattn.inference.infer import infer
 from segattn.inference.raster import check_pair, raster_env
 from segattn.inference.raster_predict import outputs, predict_raster
 from segattn.inference.tiling import SlideSettings
+from segattn.inference.trained import open_model
 from segattn.predict import main, predict_rasters
 
 SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows
@@ -28,12 +29,12 @@ SETTINGS = SlideSettings(crop=(512, 640), stride=(384, 480), crop_batch_size=3)
 SMALL = SlideSettings(crop=(64, 64), stride=(64, 64))
 
 
-def slide_mask(model, rgb: np.ndarray, settings: SlideSettings, info) -> np.ndarray:
+def slide_mask(model, rgb: np.ndarray, settings: SlideSettings) -> np.ndarray:
     """The in-memory reference: ``infer(mode="slide")`` on the whole normalised image, argmax."""
-    images = torch.from_numpy(normalize(rgb, info["mean"], info["std"]))
+    images = torch.from_numpy(normalize(rgb, model.record.mean, model.record.std))
     with torch.inference_mode():
         logits = infer(
-            model, images, info["num_classes"], "slide", settings.crop, settings.stride,
+            model.network, images, model.record.num_classes, "slide", settings.crop, settings.stride,
             settings.crop_batch_size, flip=settings.flip,
         )  # fmt: skip
     return logits[0].argmax(0).numpy()
@@ -43,7 +44,7 @@ def slide_mask(model, rgb: np.ndarray, settings: SlideSettings, info) -> np.ndar
 def exported(tmp_path_factory) -> Path:
     model = tiny_model("linear", seed=5)
     directory = tmp_path_factory.mktemp("model") / "st"
-    save_exported(model, tiny_info(model), directory)
+    save_exported(model, tiny_record(model), directory)
     return directory
 
 
@@ -65,12 +66,12 @@ def test_cli_streams_a_geotiff_to_the_in_memory_slide_mask_with_its_georeferenci
     args = [f"checkpoint={exported}", f"input={raster}", f"out={out}", "mode=slide", "crop=[512,640]"]
     args += ["stride=[384,480]", "crop_batch_size=3"]
     assert main(args) == 0
-    model, info = load_model(exported)
+    model = open_model(exported)
     rgb = scene(SIZE).transpose(1, 2, 0)
     with rasterio.open(out / "masks" / "scene.tif") as mask:
         assert (mask.crs, mask.transform, mask.shape) == (CRS_UTM, TRANSFORM, SIZE)
         assert mask.profile["tiled"] and mask.profile["compress"] == "deflate"
-        np.testing.assert_array_equal(mask.read(1), slide_mask(model, rgb, SETTINGS, info))
+        np.testing.assert_array_equal(mask.read(1), slide_mask(model, rgb, SETTINGS))
         assert mask.colormap(1)[1] == (*PALETTE[1], 255)
     overview = np.asarray(Image.open(out / "overviews" / "scene.png"))
     assert overview.shape == (668, 1024, 3)
@@ -79,9 +80,9 @@ def test_cli_streams_a_geotiff_to_the_in_memory_slide_mask_with_its_georeferenci
 
 def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(small_raster, tmp_path):
     raster = small_raster
-    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    model = tiny_opened(tiny_model("linear", seed=5))
     settings = SlideSettings(crop=(256, 256), stride=(192, 192), crop_batch_size=3, flip=True)
-    whole = predict_raster(model, info, raster, tmp_path / "whole", settings)
+    whole = predict_raster(model, raster, tmp_path / "whole", settings)
 
     class SimulatedKillError(Exception):
         pass
@@ -92,50 +93,50 @@ def test_a_killed_run_resumes_at_its_strip_and_ends_with_the_uninterrupted_mask(
 
     out, seen = tmp_path / "resumed", []
     with pytest.raises(SimulatedKillError):
-        predict_raster(model, info, raster, out, settings, after_strip=kill_after_two)
+        predict_raster(model, raster, out, settings, after_strip=kill_after_two)
     files = outputs(out, raster)
     assert not files["mask"].exists() and files["partial"].exists()
-    predict_raster(model, info, raster, out, settings, on_windows=lambda done, total: seen.append(done))
+    predict_raster(model, raster, out, settings, on_windows=lambda done, total: seen.append(done))
     assert seen[0] == 2 * 12 + 3  # began at the first window below row 512 (12 above it, two views)
     np.testing.assert_array_equal(read_band(files["mask"]), read_band(whole))
     rgb = scene(SMALL_SIZE).transpose(1, 2, 0)  # flip TTA streamed is flip TTA in memory
-    np.testing.assert_array_equal(read_band(whole), slide_mask(model, rgb, settings, info))
+    np.testing.assert_array_equal(read_band(whole), slide_mask(model, rgb, settings))
 
 
-def stop_after_first_strip(model, info, raster: Path, out: Path, settings: SlideSettings) -> None:
+def stop_after_first_strip(model, raster: Path, out: Path, settings: SlideSettings) -> None:
     """A run stopped right after its first strip is recorded, as a kill there would stop it."""
 
     def stop(rows: int) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        predict_raster(model, info, raster, out, settings, after_strip=stop)
+        predict_raster(model, raster, out, settings, after_strip=stop)
 
 
-def windows_at_first_batch(model, info, raster: Path, out: Path, settings: SlideSettings) -> tuple[int, Path]:
+def windows_at_first_batch(model, raster: Path, out: Path, settings: SlideSettings) -> tuple[int, Path]:
     """(windows counted after the run's first batch, the mask): a fresh run counts one batch there."""
     seen: list[int] = []
-    mask = predict_raster(model, info, raster, out, settings, lambda done, total: seen.append(done))
+    mask = predict_raster(model, raster, out, settings, lambda done, total: seen.append(done))
     return seen[0], mask
 
 
 def test_a_partial_mask_left_unreadable_starts_over(small_raster, tmp_path):
-    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    model = tiny_opened(tiny_model("linear", seed=5))
     settings = SlideSettings(crop=(256, 256), stride=(256, 256), crop_batch_size=4)
-    stop_after_first_strip(model, info, small_raster, tmp_path, settings)
+    stop_after_first_strip(model, small_raster, tmp_path, settings)
     partial = outputs(tmp_path, small_raster)["partial"]
     partial.write_bytes(partial.read_bytes()[:200])  # a kill in the middle of a write
-    first, mask = windows_at_first_batch(model, info, small_raster, tmp_path, settings)
+    first, mask = windows_at_first_batch(model, small_raster, tmp_path, settings)
     assert first == 4
-    whole = predict_raster(model, info, small_raster, tmp_path / "whole", settings)
+    whole = predict_raster(model, small_raster, tmp_path / "whole", settings)
     np.testing.assert_array_equal(read_band(mask), read_band(whole))
 
 
 def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path):
-    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
-    stop_after_first_strip(model, info, small_raster, tmp_path, SlideSettings((512, 512), (512, 512)))
+    model = tiny_opened(tiny_model("linear", seed=5))
+    stop_after_first_strip(model, small_raster, tmp_path, SlideSettings((512, 512), (512, 512)))
     other = SlideSettings(crop=(512, 512), stride=(256, 512), crop_batch_size=4)
-    assert windows_at_first_batch(model, info, small_raster, tmp_path, other)[0] == 4
+    assert windows_at_first_batch(model, small_raster, tmp_path, other)[0] == 4
 
 
 def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(exported, tmp_path):
@@ -145,7 +146,7 @@ def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(expor
     assert code == 1
     assert not (out / "masks").exists()
     with pytest.raises(ValueError, match=r"raster .*two\.tif has 2 bands .*expected 1 \(gray\), 3 \(RGB\)"):
-        predict_raster(None, tiny_info(tiny_model("linear")), two, out, SMALL)
+        predict_raster(tiny_opened(tiny_model("linear")), two, out, SMALL)
 
 
 @pytest.mark.parametrize(
@@ -179,7 +180,7 @@ def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
 def test_sixteen_bit_samples_are_refused_naming_the_type(tmp_path):
     deep = write_geotiff(tmp_path / "deep.tif", scene((64, 96)).astype(np.uint16) * 256)
     with pytest.raises(ValueError, match=r"deep\.tif holds uint16 samples; expected uint8"):
-        predict_raster(None, tiny_info(tiny_model("linear")), deep, tmp_path / "out", SMALL)
+        predict_raster(tiny_opened(tiny_model("linear")), deep, tmp_path / "out", SMALL)
 
 
 def test_a_corrupt_tile_names_the_file_and_the_window(tmp_path):
@@ -190,12 +191,12 @@ def test_a_corrupt_tile_names_the_file_and_the_window(tmp_path):
     with open(path, "r+b") as file:
         file.seek(offset)
         file.write(b"\xff" * length)
-    model, info = tiny_model("linear"), tiny_info(tiny_model("linear"))
+    model = tiny_opened(tiny_model("linear"))
     settings = SlideSettings(crop=(256, 256), stride=(256, 256))
     with pytest.raises(
         ValueError, match=r"cannot read raster .*corrupt\.tif at rows 256:512, columns 256:512"
     ):
-        predict_raster(model, info, path, tmp_path / "out", settings)
+        predict_raster(model, path, tmp_path / "out", settings)
     assert not (tmp_path / "out" / "masks" / "corrupt.tif").exists()
 
 
@@ -219,10 +220,10 @@ def test_a_stream_value_that_is_not_a_boolean_is_named(tmp_path, capsys):
 
 def test_a_resumed_stream_says_where_it_continues(small_raster, tmp_path, capsys):
     """It continued silently before (issue 27)."""
-    model, info = tiny_model("linear", seed=5), tiny_info(tiny_model("linear", seed=5))
+    model = tiny_opened(tiny_model("linear", seed=5))
     out = tmp_path / "out"
-    stop_after_first_strip(model, info, small_raster, out, SMALL)
-    assert predict_rasters(model, info, [small_raster], out, SMALL) == (1, [])
+    stop_after_first_strip(model, small_raster, out, SMALL)
+    assert predict_rasters(model, [small_raster], out, SMALL) == (1, [])
     partial = outputs(out, small_raster)["partial"]
     lines = capsys.readouterr().err.splitlines()  # GDAL's notes may reach a log handler of an earlier test
     assert [line for line in lines if line.startswith("segattn.predict:")] == [

@@ -13,7 +13,7 @@ import torch
 import yaml
 from reliability_fixtures import BASE, VIT, compose_run
 
-from segattn import load_model
+from segattn import open_model
 from segattn.checkpoints.atomic import AtomicCheckpointIO
 from segattn.checkpoints.resume import load_weights, read_checkpoint
 from segattn.models import build_model
@@ -62,7 +62,7 @@ def test_pickle_bomb_is_refused_at_every_entry_point(tmp_path):
     torch.save({"state_dict": {}, "segattn": {"model": {"name": "vit"}}, "payload": Bomb(marker)}, path)
 
     with pytest.raises(ValueError, match=r"refused to unpickle \(weights_only=True"):
-        load_model(path)  # predict / export / user code
+        open_model(path)  # predict / export / user code
     with pytest.raises(Exception, match=r"(?i)weights.only|unsupported global"):
         read_checkpoint(path)  # ckpt_path resume, W&B run id
     with pytest.raises(Exception, match=r"(?i)weights.only|unsupported global"):
@@ -97,7 +97,7 @@ def test_saved_config_naming_a_callable_is_refused_without_calling_it(tmp_path, 
     config = {"name": "vit", "num_classes": 3, "attention": "linear", "attention_options": {}, **TINY_VIT}
     path = checkpoint(tmp_path, {**config, **change})
     with pytest.raises(ValueError) as error:
-        load_model(path)
+        open_model(path)
     assert str(path) in str(error.value) and expected in str(error.value)
     assert no_shell == []
 
@@ -106,14 +106,14 @@ def test_config_callable_outside_the_model_entry_is_refused(tmp_path, no_shell):
     config = {"name": "vit", "num_classes": 3, "attention": "linear", "attention_options": {}, **TINY_VIT}
     path = checkpoint(tmp_path, config, data={"classes": {"_target_": "os.system", "_args_": ["id"]}})
     with pytest.raises(ValueError, match=r"segattn\.data\.classes\._target_ is refused"):
-        load_model(path)
+        open_model(path)
     assert no_shell == []
 
 
 def test_a_clean_checkpoint_rebuilds_from_registry_names(tmp_path):
     config = {"name": "vit", "num_classes": 3, "attention": "linear", "attention_options": {}, **TINY_VIT}
-    model, info = load_model(checkpoint(tmp_path, config))
-    assert info["model"] == config and model.num_classes == 3
+    opened = open_model(checkpoint(tmp_path, config))
+    assert opened.record.model == config and opened.network.num_classes == 3
 
 
 def test_exported_model_yaml_with_python_tags_or_target_is_refused(tmp_path, no_shell):
@@ -124,14 +124,14 @@ def test_exported_model_yaml_with_python_tags_or_target_is_refused(tmp_path, no_
     evil = f"model: !!python/object/apply:os.system ['touch {marker}']\n"
     (export / "model.yaml").write_text(evil)
     with pytest.raises((ValueError, yaml.YAMLError), match=r"python/object/apply:os\.system"):
-        load_model(export)
+        open_model(export)
     assert no_shell == []
     yaml.unsafe_load(evil)  # the payload is real: an unsafe load calls os.system (recorded, not run)
     assert no_shell == [(f"touch {marker}",)]
     no_shell.clear()
     (export / "model.yaml").write_text("model: {_target_: os.system, command: touch pwned}\n")
     with pytest.raises(ValueError, match=r"model\.yaml\.model\._target_ is refused"):
-        load_model(export)
+        open_model(export)
     assert no_shell == [] and not marker.exists()
 
 

@@ -63,8 +63,9 @@ def test_compiled_training_writes_eager_checkpoints(train_config, tmp_path, monk
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert not [key for key in ckpt["state_dict"] if "_orig_mod" in key]
     assert "compile" not in ckpt["segattn"]["model"]
-    model, info = segattn.load_model(path)  # strict: every tensor matched by name
-    assert "compile" not in info["model"]
+    opened = segattn.open_model(path)  # strict: every tensor matched by name
+    model = opened.network
+    assert "compile" not in opened.record.model
     images = torch.randn(1, 3, 40, 48)
     with torch.no_grad():
         assert model(images).shape == (1, 5, 40, 48)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
-from segattn.checkpoints.loading import load_model
+from segattn.inference.trained import open_model
 from segattn.models.builder import build_model
 from segattn.training.losses import SegLoss
 from segattn.training.run import plain
@@ -120,6 +120,7 @@ def test_fsdp_run_on_one_gpu(tmp_path) -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    model, info = load_model(tmp_path / "run/checkpoints/last.ckpt")
-    assert info["model"]["name"] == "pvt"
+    opened = open_model(tmp_path / "run/checkpoints/last.ckpt")
+    model = opened.network
+    assert opened.record.family == "pvt"
     assert all(torch.isfinite(p).all() for p in model.parameters())
