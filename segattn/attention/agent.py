@@ -100,7 +100,7 @@ class AgentAttention(ReducedKeysAttention):
         values = to_grid(v, key_hw)  # [B, C, H/R, W/R]
         if self.sr_ratio > 1:  # the official code upsamples the reduced V before its conv
             values = F.interpolate(values, size=hw, mode="bilinear", align_corners=False)
-        return self.merge_heads(out) + from_grid(depthwise_conv(values, self.dwc))
+        return self.merge_heads(out) + from_grid(depthwise_conv(values, self.dwc, self.kernel_backend))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, agent_num={self.agent_num}, pooling={self.pooling!r}"

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..layers import HW, depthwise_conv, resample_grid_embedding, use_fused
 from .functional import focused_feature_map, focused_linear_attention
-from .fused_focus import focused_attention_fused
+from .fused.focus import focused_attention_fused
 from .reduction import ReducedKeysAttention
 from .triton import use_triton
 from .triton.functions import focused_attention_triton
@@ -85,7 +85,9 @@ class FocusedLinearAttention(ReducedKeysAttention):
             size = (self.position_size, self.position_size)
             k = k + resample_grid_embedding(self.positional_encoding, size, kv_hw)
         local = self.local_context(v, kv_hw, hw)  # [B, h, N, d]
-        if use_fused() and self.sr_ratio == 1:  # one autograd node; needs as many keys as queries
+        if (
+            use_fused(self.kernel_backend) and self.sr_ratio == 1
+        ):  # one autograd node; needs as many keys as queries
             triton = use_triton(self.kernel_backend, q, self.head_dim)
             return (focused_attention_triton if triton else focused_attention_fused)(
                 q,
@@ -105,15 +107,15 @@ class FocusedLinearAttention(ReducedKeysAttention):
         """The DWC branch: each head's V as a d-channel image on ``kv_hw`` (bilinearly upsampled to ``hw``
         when keys/values are reduced) through the shared depthwise conv; [B, h, H·W, d].
 
-        Run channels-last (image memory [B·h, H, W, d], weight too): several times faster than NCHW here,
-        and the head-major result needs no transpose (``depthwise_conv``).
+        Run channels-last (image memory [B·h, H, W, d], weight too), the layout the head-major tokens already
+        have, so neither direction needs a transpose (``depthwise_conv``).
         """
         batch = v.shape[0]
         images = self.split_heads(v).reshape(batch * self.num_heads, kv_hw[0], kv_hw[1], self.head_dim)
         images = images.permute(0, 3, 1, 2)  # [B·h, d, h', w'], channels-last
         if self.sr_ratio > 1:
             images = F.interpolate(images, size=tuple(hw), mode="bilinear", align_corners=False)
-        local = depthwise_conv(images, self.dwc)  # [B·h, d, H, W], channels-last
+        local = depthwise_conv(images, self.dwc, self.kernel_backend)  # [B·h, d, H, W], channels-last
         return local.permute(0, 2, 3, 1).reshape(batch, self.num_heads, hw[0] * hw[1], self.head_dim)
 
     def extra_repr(self) -> str:

@@ -6,11 +6,11 @@ bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the d
 Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
 
 Each linear function has two fast paths taken in eager mode, chosen by ``backend`` (an attention module
-passes the SEGATTN_KERNEL setting it read when built; None reads it now): the Triton kernels
-(``triton/``: CUDA tensors by default) and the PyTorch Functions (``fused_kernel.py``: an autograd
+passes the ``kernel_backend`` it read when built; None reads the environment now): the Triton kernels
+(``triton/``: CUDA tensors by default) and the PyTorch Functions (``fused/kernel.py``: an autograd
 Function that writes fewer intermediates and recomputes feature maps in backward). While tracing, exporting
-or compiling, and with SEGATTN_FUSED=0 (``fused_switch.use_fused``), the plain code below runs instead, so
-exporters and compilers see ordinary ops.
+or compiling, and for a ``"plain"`` backend (SEGATTN_FUSED=0; ``fused_switch.use_fused``), the plain code
+below runs instead, so exporters and compilers see ordinary ops.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from torch import Tensor
 
 from ..layers import kernel_backend, use_fused
 from ..parallel import token_count, token_softmax, token_sum, tokens_split
-from .fused_feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
-from .fused_kernel import kernel_attention_fused
+from .fused.feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
+from .fused.kernel import kernel_attention_fused
 from .triton import use_triton
 from .triton.functions import FeatureMap, kernel_attention_triton
 
@@ -86,7 +86,9 @@ def efficient_attention(
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
-    if not use_fused() or (normalization == "softmax" and tokens_split()):  # key softmax over all tokens
+    if not use_fused(backend) or (
+        normalization == "softmax" and tokens_split()
+    ):  # key softmax over all tokens
         return _efficient_attention(q, k, v, normalization)
     if triton_path(backend, q):
         scale = token_count(k.shape[-2]) ** -0.5
@@ -126,7 +128,7 @@ def linear_attention(
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
-    if not use_fused():
+    if not use_fused(backend):
         return _linear_attention(q, k, v, feature_map, eps)
     if triton_path(backend, q):
         kernel_map = FeatureMap(feature_map)
@@ -151,7 +153,7 @@ def taylor_attention(
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
-    if not use_fused():
+    if not use_fused(backend):
         return _taylor_attention(q, k, v, eps)
     if triton_path(backend, q):
         kernel_map = FeatureMap("l2", eps=eps)
@@ -192,7 +194,7 @@ def focused_linear_attention(
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
-    if not use_fused():
+    if not use_fused(backend):
         return _focused_linear_attention(q, k, v, eps)
     factor = 1.0 / token_count(k.shape[-2])
     if triton_path(backend, q):

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..layers import HW, use_fused
 from .functional import _upcast, full_precision
 from .functional_approx import segment_averaging
-from .fused_polarity import polarity_features_fused
+from .fused.polarity import polarity_features_fused
 
 __all__ = [
     "adaptive_pooling_matrix",
@@ -83,10 +83,11 @@ def agent_attention(
     return ((q * scale) @ agents.transpose(-2, -1) + query_bias).softmax(dim=-1) @ agent_v
 
 
-def polarity_features(x: Tensor, power: Tensor) -> Tensor:
+def polarity_features(x: Tensor, power: Tensor, backend: str | None = None) -> Tensor:
     """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d].
-    In eager mode one autograd node with a hand-written backward (``fused_polarity``; ``use_fused``)."""
-    if use_fused():
+    In eager mode one autograd node with a hand-written backward (``fused.polarity``) unless ``backend``
+    (the module's ``kernel_backend``) is "plain" (``use_fused``)."""
+    if use_fused(backend):
         return polarity_features_fused(x, power)
     magnitude = x.abs() ** power
     positive = torch.where(x > 0, magnitude, 0.0)
@@ -100,7 +101,9 @@ def swap_halves(x: Tensor) -> Tensor:
 
 
 @full_precision
-def pola_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float = 1e-6) -> Tensor:
+def pola_attention(
+    q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
     """Polarity-aware linear attention on q, k already scaled (and k position-encoded).
 
     With φ(x) = relu(x)^p (p per channel, ``power`` broadcastable to [h, 1, d]), q± = φ(±q), k± = φ(±k):
@@ -114,7 +117,7 @@ def pola_attention(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float = 
     the two normalisers.
     """
     m, half = k.shape[-2], v.shape[-1] // 2
-    queries, keys = polarity_features(q, power), polarity_features(k, power)  # [.., N, 2d], [.., M, 2d]
+    queries, keys = (polarity_features(x, power, backend) for x in (q, k))  # [.., N, 2d], [.., M, 2d]
     context = (keys.transpose(-2, -1) * m**-0.5) @ (v * m**-0.5)  # [B, h, 2d, d]
     context = torch.cat([context[..., :half], swap_halves(context[..., half:])], dim=-1)
     key_mean = keys.mean(dim=-2).unsqueeze(-1)  # [B, h, 2d, 1]

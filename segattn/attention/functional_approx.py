@@ -14,8 +14,8 @@ from torch import Tensor
 from ..layers import use_fused
 from ..parallel import token_max, tokens_split
 from .functional import full_precision, kernel_attention, softmax_attention
-from .fused_kernel import kernel_attention_fused
-from .fused_random_features import PositiveRandomFeatures
+from .fused.kernel import kernel_attention_fused
+from .fused.random_features import PositiveRandomFeatures
 
 __all__ = [
     "iterative_pinv",
@@ -58,10 +58,13 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
     return torch.exp(logits - stabiliser) * projection.shape[0] ** -0.5
 
 
-def performer_attention(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, eps: float = 1e-6) -> Tensor:
+def performer_attention(
+    q: Tensor, k: Tensor, v: Tensor, projection: Tensor, eps: float = 1e-6, backend: str | None = None
+) -> Tensor:
     """FAVOR+ (Choromanski et al. 2020): kernel attention with positive random features of the softmax
-    kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d] (a constant)."""
-    if not use_fused() or tokens_split():  # the keys' stabiliser is a max over all tokens
+    kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d] (a constant); the
+    fused Function unless ``backend`` (the module's ``kernel_backend``) is "plain"."""
+    if not use_fused(backend) or tokens_split():  # the keys' stabiliser is a max over all tokens
         return _performer_attention(q, k, v, projection, eps)
     scale = q.shape[-1] ** -0.25
     phi_q = PositiveRandomFeatures(projection, scale, per_row=True)

@@ -92,7 +92,10 @@ class LiteMultiScaleAttention(AttentionBase):
         grid = to_grid(qkv, hw)  # [B, 3C, H, W], channels-last
         scales = [
             qkv,
-            *(from_grid(pointwise(depthwise_conv(grid, depthwise))) for depthwise, pointwise in self.aggreg),
+            *(
+                from_grid(pointwise(depthwise_conv(grid, depthwise, self.kernel_backend)))
+                for depthwise, pointwise in self.aggreg
+            ),
         ]
         mixed = []
         for tokens in scales:  # each scale's heads attend among themselves

@@ -51,7 +51,8 @@ class NystromAttention(AttentionBase):
         out = super().mix_tokens(q, k, v, hw)
         if self.conv is None:
             return out
-        return out + from_grid(depthwise_conv(to_grid(v, hw), self.conv))  # on V's grid, channels-last
+        local = depthwise_conv(to_grid(v, hw), self.conv, self.kernel_backend)  # on V's grid, channels-last
+        return out + from_grid(local)
 
     def extra_repr(self) -> str:
         return (

@@ -85,7 +85,7 @@ class PerformerAttention(AttentionBase):
     def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
         if self.training and self.redraw_interval > 0:
             self.step_redraw_schedule()
-        return performer_attention(q, k, v, self.projection, self.eps)
+        return performer_attention(q, k, v, self.projection, self.eps, self.kernel_backend)
 
     def extra_repr(self) -> str:
         return (

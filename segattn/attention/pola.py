@@ -99,7 +99,7 @@ class PolaAttention(ReducedKeysAttention):
         if use_triton(self.kernel_backend, heads[0], self.head_dim, widening=2):
             out = polarity_attention_triton(*heads, power.reshape(self.num_heads, self.head_dim), self.eps)
         else:
-            out = pola_attention(*heads, power, self.eps)
+            out = pola_attention(*heads, power, self.eps, self.kernel_backend)
         return self.merge_heads(out) + self.local_context(v, hw)
 
     def local_context(self, v: Tensor, hw: HW) -> Tensor:
@@ -109,7 +109,7 @@ class PolaAttention(ReducedKeysAttention):
         images = self.split_heads(v).reshape(batch * heads, *self.reduced_hw(hw), d).permute(0, 3, 1, 2)
         if self.sr_ratio > 1:
             images = F.interpolate(images, size=hw, mode="bilinear", align_corners=False)
-        local = depthwise_conv(images, self.dwc)  # [B·h, d, H, W]
+        local = depthwise_conv(images, self.dwc, self.kernel_backend)  # [B·h, d, H, W]
         local = local.permute(0, 2, 3, 1).reshape(batch, heads, hw[0] * hw[1], d)
         return self.merge_heads(local)
 

@@ -21,17 +21,18 @@ def dense_channels_last(images: Tensor) -> Tensor:
     return pixels.reshape(-1).view(batch, height, width, channels).permute(0, 3, 1, 2)
 
 
-def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
+def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = None) -> Tensor:
     """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
     weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
-    eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward (unless ``use_fused()`` is False:
-    SEGATTN_FUSED=0); oneDNN's own 3×3 depthwise backward is 2-4× faster than that one (Mix-FFN's shapes in
-    pvt-b0 at 1024²), its 5×5 one 1.5-4× slower."""
+    eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward unless ``backend`` (the calling
+    module's ``kernel_backend``; None: the environment now) is "plain" (``use_fused``); 3×3 kernels keep
+    oneDNN's own depthwise backward, which beats it at that size (measured on Mix-FFN's shapes;
+    docs/performance.md)."""
     kernel = conv.weight.shape[-1]
     if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
         raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
-    if use_fused() and images.device.type == "cpu" and kernel > 3 and not tokens_split():  # halos: F.conv2d
+    if kernel > 3 and images.device.type == "cpu" and use_fused(backend) and not tokens_split():  # halos
         return depthwise_conv_fused(images, weight=weight, bias=conv.bias)
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups
@@ -41,10 +42,10 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d) -> Tensor:
 class DepthwiseConv(torch.autograd.Function):
     """conv2d(images, weight, bias, padding=k // 2, groups=C) on [B, C, H, W] (channels-last for speed).
 
-    On CPU oneDNN's depthwise backward-weights pass for kernels over 3×3 is several times slower than its
-    forward, so both gradients are forward convolutions: ∂images = conv with the flipped kernel, and
-    ∂weight per image = a depthwise conv of the padded image with the output gradient as a H×W kernel,
-    summed over images.
+    On CPU oneDNN's depthwise backward-weights pass for kernels over 3×3 is much slower than its forward
+    (docs/performance.md), so both gradients are forward convolutions: ∂images = conv with the flipped
+    kernel, and ∂weight per image = a depthwise conv of the padded image with the output gradient as a H×W
+    kernel, summed over images.
     Under autocast the conv runs in the autocast dtype, as F.conv2d would.
     """
 

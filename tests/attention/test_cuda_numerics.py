@@ -58,8 +58,9 @@ def test_cuda_fp32_equals_cpu_float64(name: str, options: dict[str, Any]) -> Non
 def test_cuda_fused_and_plain_paths_agree(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any]
 ) -> None:
-    module = build_perturbed(name, options, DIM, HEADS, TOKENS)
     monkeypatch.delenv(FUSED_ENV, raising=False)
+    module = build_perturbed(name, options, DIM, HEADS, TOKENS)
     fused = output_and_gradients(module, CUDA, torch.float32)
     monkeypatch.setenv(FUSED_ENV, "0")
-    assert_all_close(fused, output_and_gradients(module, CUDA, torch.float32), module)
+    plain = build_perturbed(name, options, DIM, HEADS, TOKENS)  # the same seeded weights, built plain
+    assert_all_close(fused, output_and_gradients(plain, CUDA, torch.float32), module)

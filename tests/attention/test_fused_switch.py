@@ -1,8 +1,8 @@
 """SEGATTN_FUSED=0 takes every variant off its fused autograd Functions and onto the plain formulas, with the
 same outputs and gradients (fp32, float tolerance); by default the fused Functions run.
 
-``use_fused()`` reads the variable on every call, so ``monkeypatch.setenv`` applies to the next forward
-without a reload.
+A module reads the variable once, when it is built (``kernel_backend``: "plain"), and keeps that path; a
+functional call outside a module (``use_fused()`` without a backend) reads it at each call.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import torch
 from attention_reference import all_variants, build_perturbed, parametrize_variants
 from torch import Tensor
 
-from segattn.attention.fused_focus import FocusedAttention
-from segattn.attention.fused_kernel import KernelAttention
-from segattn.attention.fused_polarity import PolarityFeatures
+from segattn.attention.fused.focus import FocusedAttention
+from segattn.attention.fused.kernel import KernelAttention
+from segattn.attention.fused.polarity import PolarityFeatures
 from segattn.layers import FUSED_ENV, use_fused
 from segattn.layers.depthwise import DepthwiseConv
+from segattn.layers.fused_switch import PLAIN
 
 FUNCTIONS: list[type[torch.autograd.Function]] = [
     KernelAttention,
@@ -82,7 +83,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[type[torch.autograd.Function]
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, True), ("", True), ("1", True), ("0", False)])
-def test_use_fused_follows_the_variable_at_each_call(
+def test_use_fused_without_a_module_follows_the_variable_at_each_call(
     monkeypatch: pytest.MonkeyPatch, value: str | None, expected: bool
 ) -> None:
     if value is None:
@@ -115,12 +116,16 @@ def test_tracing_takes_the_plain_path_even_when_fused_is_requested(monkeypatch: 
 def test_fused_off_gives_the_default_outputs_and_gradients(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any], calls: list[type]
 ) -> None:
-    module = build(name, options)
     monkeypatch.delenv(FUSED_ENV, raising=False)
-    fused_out, fused_grads = forward_and_gradients(module)
-    assert set(calls) == expected_functions(name, options)  # the default really ran the fused path
+    module = build(name, options)
     monkeypatch.setenv(FUSED_ENV, "0")
-    plain_out, plain_grads = forward_and_gradients(module)
+    plain_module = build(name, options)  # the same weights (build_perturbed is seeded), built plain
+    assert (module.kernel_backend, plain_module.kernel_backend) == ("auto", PLAIN)
+    fused_out, fused_grads = forward_and_gradients(
+        module
+    )  # the variable now says 0: the module keeps its path
+    assert set(calls) == expected_functions(name, options)  # the default really ran the fused path
+    plain_out, plain_grads = forward_and_gradients(plain_module)
     assert set(calls) == expected_functions(name, options)  # and the plain run added none
 
     torch.testing.assert_close(plain_out, fused_out, **TOLERANCE)

@@ -27,7 +27,7 @@ from torch import Tensor
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from segattn.attention.fused_kernel import KernelAttention
+from segattn.attention.fused.kernel import KernelAttention
 from segattn.attention.triton import load_kernels, use_triton
 from segattn.attention.triton.functions import (
     FeatureMap,
@@ -329,7 +329,8 @@ def test_an_unsupported_head_dim_is_named_when_forced_and_falls_back_otherwise()
 
 def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """Built under SEGATTN_KERNEL=torch, a module keeps the PyTorch Functions after the variable changes;
-    auto on CPU tensors takes them too; SEGATTN_FUSED=0 (the plain formulas) takes neither."""
+    auto on CPU tensors takes them too; built under SEGATTN_FUSED=0 (the plain formulas), neither, even
+    with SEGATTN_KERNEL=triton."""
     monkeypatch.setenv(KERNEL_ENV, "torch")
     module = build_perturbed("linear", {}, 32, HEADS, 12)
     monkeypatch.setenv(KERNEL_ENV, "triton")
@@ -340,6 +341,7 @@ def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.Monke
     module.kernel_backend = "auto"
     module(x, (3, 4))
     monkeypatch.setenv(FUSED_ENV, "0")
-    module.kernel_backend = "triton"
+    module.kernel_backend = kernel_backend()  # as if built now
+    assert module.kernel_backend == "plain"
     module(x, (3, 4))
     assert calls == [KernelAttention] * 2 and triton_calls == []

@@ -5,7 +5,7 @@ then application with the normaliser) and the backward, with the feature maps re
 Which path runs is chosen once, when an attention module is built (``layers.kernel_backend``:
 SEGATTN_KERNEL), and applied per call by ``use_triton``: the Triton path takes CUDA tensors whenever triton
 imports (or any tensor when forced, on the CPU through Triton's interpreter); the PyTorch fused path
-(``fused_kernel``, ``fused_focus``) everything else; the plain formulas run while tracing, exporting or
+(``fused.kernel``, ``fused.focus``) everything else; the plain formulas run while tracing, exporting or
 compiling (``layers.use_fused``). float64 and head dims above ``MAX_HEAD_DIM`` stay on the PyTorch path
 unless Triton is forced, which refuses such a head dim by name.
 
@@ -50,7 +50,7 @@ def use_triton(backend: str, x: Tensor, head_dim: int, widening: int = 1) -> boo
     TRITON_INTERPRET=1; wider features are a ValueError naming the head dim. Never while tracing,
     exporting or compiling.
     """
-    if backend == "torch" or not use_fused() or x.dtype not in DTYPES:
+    if backend == "torch" or not use_fused(backend) or x.dtype not in DTYPES:
         return False
     width = head_dim * widening
     if backend == "auto":

@@ -1,6 +1,6 @@
 """Autograd Functions of the Triton path: the generic kernel attention (linear, efficient, taylor, litemla),
 FLatten's focused attention and PolaFormer's polarity attention. Same math, arguments and results as
-``fused_kernel.KernelAttention``, ``fused_focus.FocusedAttention`` and ``functional_agent.pola_attention``;
+``fused.kernel.KernelAttention``, ``fused.focus.FocusedAttention`` and ``functional_agent.pola_attention``;
 what differs is what is kept for backward: q, k, v, the extended context
 ([d + 1, dv + 1] per head), one fp32 per token (1/den), and the small per-channel statistics of the key
 softmax. Feature maps, FLatten's focusing statistics and the output are recomputed, never saved.
@@ -19,8 +19,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
-from ..fused_buffers import empty_in_order
-from ..fused_polarity import polarity_backward
+from ..fused.buffers import empty_in_order
+from ..fused.polarity import polarity_backward
 from .launch import (
     MapSpec,
     apply,
@@ -107,7 +107,7 @@ def kernel_attention_triton(
     normalize: bool = True,
     taylor_term: bool = False,
 ) -> Tensor:
-    """``fused_kernel.kernel_attention_fused`` on the Triton kernels: per head
+    """``fused.kernel.kernel_attention_fused`` on the Triton kernels: per head
     O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1], c = ``context_scale``.
 
     q, k, v: [B, h, N, d] views of any strides in fp32/bf16/fp16 (CUDA, or the CPU under Triton's
@@ -134,7 +134,7 @@ def focus_maps(
 
 
 class TritonFocusedAttention(torch.autograd.Function):
-    """FLatten's token mixing on the Triton kernels; arguments and result as ``fused_focus.FocusedAttention``.
+    """FLatten's token mixing on the Triton kernels; arguments and result as ``fused.focus.FocusedAttention``.
     Called through ``focused_attention_triton``."""
 
     @staticmethod
@@ -183,7 +183,7 @@ class TritonFocusedAttention(torch.autograd.Function):
 def focused_attention_triton(
     q: Tensor, k: Tensor, v: Tensor, *, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
 ) -> Tensor:
-    """``fused_focus.focused_attention_fused`` on the Triton kernels: focusing statistics per token over all
+    """``fused.focus.focused_attention_fused`` on the Triton kernels: focusing statistics per token over all
     C channels (one small pass each for q and k), f_p and the kernel product per head in registers, the
     ``local`` (DWC) branch added in the same pass. q, k, v: [B, N, C] of any strides."""
     return TritonFocusedAttention.apply(q, k, v, local, scale, power, eps, heads)

@@ -1,5 +1,5 @@
 """FLatten's token mixing as one autograd Function: focusing over all C channels, the kernel product
-(``fused_kernel``) and the depthwise-conv branch's sum, with a hand-written backward that recomputes the
+(``kernel``) and the depthwise-conv branch's sum, with a hand-written backward that recomputes the
 focused maps instead of saving them.
 
 The plain formula it optimises is ``FocusedLinearAttention.focus`` + ``functional.focused_linear_attention``
@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..parallel import token_count, token_reducer
-from .fused_buffers import compute_dtype, empty_in_order, zero_scalar
-from .fused_kernel import apply_context, context, kernel_backward
+from ...parallel import token_count, token_reducer
+from .buffers import compute_dtype, empty_in_order, zero_scalar
+from .kernel import apply_context, context, kernel_backward
 
 
 def heads_view(x: Tensor, heads: int) -> Tensor:

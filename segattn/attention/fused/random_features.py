@@ -1,12 +1,12 @@
-"""Performer's FAVOR+ positive random features as a fused feature map (``fused_feature_maps.FeatureMap``)
-with its own backward, for ``fused_kernel.KernelAttention``."""
+"""Performer's FAVOR+ positive random features as a fused feature map (``feature_maps.FeatureMap``)
+with its own backward, for ``kernel.KernelAttention``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .fused_feature_maps import FeatureMap
+from .feature_maps import FeatureMap
 
 
 class PositiveRandomFeatures(FeatureMap):

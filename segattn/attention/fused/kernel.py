@@ -4,7 +4,7 @@ Same math as the plain formulas in ``functional.py`` / ``functional_approx.py`` 
 path taken while tracing, exporting or compiling, or with SEGATTN_FUSED=0: ``fused_switch``), arranged for
 fewer passes over memory:
 
-- feature maps (``fused_feature_maps``, ``fused_random_features``) are written once, head-major and in the
+- feature maps (``feature_maps``, ``random_features``) are written once, head-major and in the
   compute dtype (fp32, or float64 for float64 inputs), straight from the possibly strided / bf16 q, k
   views; nothing else is copied or upcast;
 - kᵀv and the normaliser come from one context matrix [kᵀv | kᵀ1], so φ(q) meets the keys in a single
@@ -15,7 +15,7 @@ fewer passes over memory:
   FLatten's focusing) are recomputed rather than saved.
 
 Notation per head: A = φ(q), K = φ(k) [N, d]; S = c·KᵀV, z = c·Kᵀ1; O = (A S + β) / (A z + β₀ + eps).
-FLatten's Function (``fused_focus``) reuses ``context``, ``apply_context`` and ``kernel_backward``.
+FLatten's Function (``focus``) reuses ``context``, ``apply_context`` and ``kernel_backward``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..parallel import token_count, token_reducer
-from .fused_buffers import compute_dtype, empty_in_order, heads_batch, zero_scalar
-from .fused_feature_maps import FeatureMap
+from ...parallel import token_count, token_reducer
+from .buffers import compute_dtype, empty_in_order, heads_batch, zero_scalar
+from .feature_maps import FeatureMap
 
 
 def context(keys: Tensor, v: Tensor, factor: float, normalized: bool) -> Tensor:
