@@ -27,10 +27,11 @@ from rasterio.transform import Affine
 from rasterio.windows import Window
 
 from ..checkpoints.loading import save_exported
-from ..inference.image_io import default_palette
+from ..images import default_palette
 from ..inference.raster import BLOCK
 from ..inference.tiling import default_stride, slide_windows
 from ..models import build_model
+from ..record import ModelRecord
 from . import report
 
 LIMIT_BYTES = int(1.5 * (1 << 30))  # the bound on a 20k² raster's peak resident memory
@@ -83,16 +84,9 @@ def tiny_model(directory: Path, classes: int) -> None:
     config = {"name": "vit", "num_classes": classes, "attention": "linear", "embed_dim": 16, "depth": 1}
     config |= {"num_heads": 2, "patch_size": 8, "img_size": 32}
     model = build_model(**config)
-    info = {
-        "model": model.config,
-        "classes": [f"class{index}" for index in range(classes)],
-        "palette": default_palette(classes),
-        "mean": [0.485, 0.456, 0.406],
-        "std": [0.229, 0.224, 0.225],
-        "ignore_index": 255,
-        "dataset": "generated",
-    }
-    save_exported(model.eval(), info, directory)
+    names = [f"class{index}" for index in range(classes)]
+    record = ModelRecord(model.config, names, default_palette(classes), dataset="generated")
+    save_exported(model.eval(), record, directory)
 
 
 def predict_child(settings: RasterSettings, raster: Path, model: Path, out: Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ never followed. ``segattn.inference.trained.open_model`` opens either (or an ONN
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,17 +118,14 @@ def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     return model.eval(), ModelRecord.from_sections(meta["model"], data)
 
 
-def save_exported(model: nn.Module, record: ModelRecord | Mapping[str, Any], directory: Path) -> None:
-    """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``.
-
-    ``record`` may also be its flat form (``ModelRecord.to_dict``), as ``segattn.bench.raster`` passes it.
-    """
+def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> None:
+    """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``."""
     from safetensors.torch import save_model
 
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "segattn", "version": str(FORMAT_VERSION)}
     save_model(model, str(directory / WEIGHTS_FILE), metadata=metadata)
-    write_metadata(record if isinstance(record, ModelRecord) else ModelRecord.from_dict(record), directory)
+    write_metadata(record, directory)
 
 
 def write_metadata(record: ModelRecord, directory: Path) -> None:

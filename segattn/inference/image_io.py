@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..images import IMAGE_SUFFIXES, Color, ImageTooLargeError, default_palette, is_raster, read_image
+from ..images import IMAGE_SUFFIXES, Color, ImageTooLargeError, is_raster, read_image
 
 
 def find_images(pattern: str) -> list[Path]:
@@ -72,7 +72,6 @@ def overlay(rgb: np.ndarray, mask: np.ndarray, palette: list[Color], alpha: floa
 
 
 __all__ = [
-    "default_palette",  # segattn.bench.raster imports it from here; its home is segattn.images
     "find_images",
     "normalize",
     "overlay",
