@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import runlog
 from .config import (
     NothingToDo,
+    check_renamed,
     check_run_name,
     check_values,
     check_writable_dir,
@@ -88,7 +89,7 @@ def compose_command(config_name: str, overrides: Sequence[str], keep_hydra: bool
     resolve as in a Hydra run (``keep_hydra``: with the ``hydra`` node). Overrides that cannot be parsed are
     a ValueError with a hint to quote them; unknown keys and bad values raise Hydra / OmegaConf errors."""
     register_resolvers()
-    parse_overrides(overrides)
+    parse_overrides(config_name, overrides)
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
@@ -98,10 +99,12 @@ def compose_command(config_name: str, overrides: Sequence[str], keep_hydra: bool
     return cfg
 
 
-def parse_overrides(overrides: Sequence[str]) -> None:
-    """Parse each override as Hydra will. One it cannot read is a ValueError naming it, with the quoting
-    that reads it: the shell splits an unquoted value at its spaces, and Hydra reads non-ASCII letters and
-    brackets in a path only between quotes."""
+def parse_overrides(config_name: str, overrides: Sequence[str]) -> None:
+    """Parse each override as Hydra will. A key the command no longer reads is a ValueError naming the key
+    that replaced it (``config.check_renamed``); one Hydra cannot read is a ValueError naming it, with the
+    quoting that reads it: the shell splits an unquoted value at its spaces, and Hydra reads non-ASCII
+    letters and brackets in a path only between quotes."""
+    check_renamed(config_name, overrides)
     parser = OverridesParser.create()
     for index, override in enumerate(overrides):
         try:
@@ -130,7 +133,7 @@ def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
     refused run removes the empty folders below it). Sweeps (``-m``) and Hydra's own flags are left to
     Hydra (None)."""
     args = get_args_parser().parse_args(list(argv))
-    parse_overrides(args.overrides)
+    parse_overrides(config_name, args.overrides)
     hydra_flags = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion, args.multirun)
     config_flags = (args.config_path, args.config_name, args.config_dir, args.experimental_rerun)
     if any(hydra_flags) or any(flag is not None for flag in config_flags):
@@ -162,7 +165,7 @@ def run_command(
         if wants_help:
             print(help_text(config_name, cfg, groups))
             return 0
-        check_values(cfg)
+        check_values(cfg, config_name)
     except (*CONFIG_ERRORS, ValueError) as error:
         print(f"{name}: {one_line(error)}", file=sys.stderr)
         return 2
@@ -191,7 +194,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     def main(cfg: DictConfig) -> Any:
         runlog.hold()
         try:
-            check_values(cfg)
+            check_values(cfg, config_name)
             result = run(cfg)
         except NothingToDo as done:
             runlog.discard()

@@ -1,20 +1,30 @@
-"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` resolver, and the checks a
-config must pass before anything starts: the types and ranges of the values users set (``VALUE_RULES``),
-required keys and paths, and settings that span groups. Builders check their own arguments (model and
-attention options, dataset names); what is checked here fails before any run dir content, logger or
-trainer exists, with one line per bad key naming the key, the value and what was expected."""
+"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` resolver, a config node as
+plain values (``plain``), and the checks a config must pass before anything starts: each command's schema
+(``SCHEMAS``: the type and range of every value a user sets, by full dotted key, and the settings that
+span keys), keys that were renamed (``RENAMED``), required keys and paths. Builders check their own
+arguments (model and attention options, dataset names); what is checked here fails before any run dir
+content, logger or trainer exists, with one line per bad key naming the key, the value and what was
+expected.
+
+The schemas are explicit tables rather than Hydra structured configs: a structured config checks types
+only, where these rules also say the range or the choices expected ("an integer >= 1", "one of whole,
+slide"), every bad value of a command line is listed in one line instead of Hydra's error for the first,
+and the defaults stay in one place, the yaml files, instead of being repeated in dataclasses (one per
+dataset file for the ``data`` group, whose keys differ by dataset)."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .inference.tiling import MODES
+from .images import as_hw
+from .inference.tiling import MODES, NO_WINDOW
 
 PRECISIONS = (
     "64-true",
@@ -68,9 +78,12 @@ def int_at_least(low: int) -> Callable[[Any], bool]:
 
 
 def positive_size(value: Any) -> bool:
-    """A side or an [H, W] pair of positive integers."""
-    sides = value if isinstance(value, list) else [value]
-    return len(sides) in (1, 2) and all(is_int(side) and side > 0 for side in sides)
+    """A size ``images.as_hw`` reads: a side or an [H, W] pair of positive integers."""
+    try:
+        as_hw(value)
+    except ValueError:
+        return False
+    return True
 
 
 def optional_size(value: Any) -> bool:
@@ -82,10 +95,25 @@ def batch_limit(value: Any) -> bool:
     return value is None or (is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1)
 
 
+Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
+SpanCheck = Callable[[DictConfig], "str | None"]  # a problem between keys, or None
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The value checks of one command's config: a rule for each full dotted key, and the checks that span
+    several keys. Keys are full paths, so a key of the same name in another command or group is never
+    checked by this rule. A key absent from the composed config (an option one dataset has and another has
+    not) is skipped."""
+
+    rules: dict[str, Rule]
+    spans: tuple[SpanCheck, ...] = ()
+
+
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")  # segattn.export.command.FORMATS
-# key: (what is expected, check). A key absent from the composed config (another command) is skipped.
-VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "seed": ("an integer", is_int),
+SIZE = "a positive size: H or [H, W] in pixels"
+THREADS: dict[str, Rule] = {"threads": ("an integer >= 0 (0: the default)", int_at_least(0))}
+TRAINER: dict[str, Rule] = {
     "trainer.max_epochs": (
         "an integer >= -1 (-1: no limit) or null",
         lambda v: v is None or int_at_least(-1)(v),
@@ -111,12 +139,14 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "trainer.limit_train_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
     "trainer.limit_val_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
     "trainer.deterministic": ("true, false or 'warn'", lambda v: isinstance(v, bool) or v == "warn"),
+}
+DATA: dict[str, Rule] = {
     "data.batch_size": ("an integer >= 1", int_at_least(1)),
     "data.val_batch_size": ("an integer >= 1", int_at_least(1)),
     "data.num_workers": ("an integer >= 0", int_at_least(0)),
-    "data.crop_size": ("a positive size: H or [H, W] in pixels", positive_size),
-    "data.image_size": ("a positive size: H or [H, W] in pixels", positive_size),
-    "data.window_size": ("a positive size: H or [H, W] in pixels", positive_size),
+    "data.crop_size": (SIZE, positive_size),
+    "data.image_size": (SIZE, positive_size),
+    "data.window_size": (SIZE, positive_size),
     "data.windows_per_split": ("an integer >= 1", int_at_least(1)),
     "data.ratio_range": (
         "[low, high] with 0 < low <= high",
@@ -131,31 +161,71 @@ VALUE_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         "3 positive numbers (RGB, 0..1 scale)",
         lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and x > 0 for x in v),
     ),
+}
+OPTIMIZATION: dict[str, Rule] = {
     "optimizer.lr": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "optimizer.weight_decay": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "optimizer.eps": ("a number > 0", lambda v: is_number(v) and v > 0),
     "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
-    "validation.crop_batch_size": ("an integer >= 1", int_at_least(1)),
-    "validation.crop_size": ("null or a positive size: H or [H, W] in pixels", optional_size),
-    "validation.stride": ("null or a positive size: H or [H, W] in pixels", optional_size),
-    "validation.scales": (
+}
+INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval and predict see an image
+    "inference.mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
+    "inference.crop": (f"null or {SIZE}", optional_size),
+    "inference.stride": (f"null or {SIZE}", optional_size),
+    "inference.crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "inference.scales": (
         "a non-empty list of numbers > 0",
         lambda v: isinstance(v, list) and bool(v) and all(is_number(x) and x > 0 for x in v),
     ),
-    "num_examples": ("an integer >= 0", int_at_least(0)),
-    "crop_batch_size": ("an integer >= 1", int_at_least(1)),
-    "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
-    "stream": ("true or false", lambda v: isinstance(v, bool)),
-    "opset": ("an ONNX opset, an integer >= 17", int_at_least(17)),
-    "height": ("an integer >= 1 (pixels)", int_at_least(1)),
-    "width": ("an integer >= 1 (pixels)", int_at_least(1)),
-    "atol": ("a number > 0", lambda v: is_number(v) and v > 0),
-    "threads": ("an integer >= 0 (0: the default)", int_at_least(0)),
-    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),  # predict
-    "crop": ("null or a positive size: H or [H, W] in pixels", optional_size),
-    "stride": ("null or a positive size: H or [H, W] in pixels", optional_size),
-    "format": (f"one of {', '.join(EXPORT_FORMATS)}", lambda v: v in EXPORT_FORMATS),  # export
+    "inference.flip": ("true or false", lambda v: isinstance(v, bool)),
 }
+
+
+def slide_has_window(cfg: DictConfig) -> str | None:
+    """``inference.mode=slide`` needs the window size."""
+    if OmegaConf.select(cfg, "inference.mode") == "slide" and OmegaConf.select(cfg, "inference.crop") is None:
+        return NO_WINDOW
+    return None
+
+
+SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
+    "train": Schema(
+        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE}, (slide_has_window,)
+    ),
+    "eval": Schema(
+        {**DATA, **INFERENCE, **THREADS, "num_examples": ("an integer >= 0", int_at_least(0))},
+        (slide_has_window,),
+    ),
+    "predict": Schema(
+        {
+            **INFERENCE,
+            **THREADS,
+            "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+            "stream": ("true or false", lambda v: isinstance(v, bool)),
+        },
+        (slide_has_window,),
+    ),
+    "export": Schema(
+        {
+            **THREADS,
+            "opset": ("an ONNX opset, an integer >= 17", int_at_least(17)),
+            "height": ("an integer >= 1 (pixels)", int_at_least(1)),
+            "width": ("an integer >= 1 (pixels)", int_at_least(1)),
+            "atol": ("a number > 0", lambda v: is_number(v) and v > 0),
+            "format": (f"one of {', '.join(EXPORT_FORMATS)}", lambda v: v in EXPORT_FORMATS),
+        }
+    ),
+    "doctor": Schema(DATA),
+}
+# Keys a command no longer reads, with the key that replaced each: typed on a command line, the old one is
+# refused naming the new one (``check_renamed``) instead of Hydra's "Could not override" traceback.
+INFERENCE_KEYS = ("mode", "crop", "stride", "crop_batch_size", "scales", "flip")
+RENAMED: dict[str, dict[str, str]] = {
+    "train": {"validation": "inference", "validation.crop_size": "inference.crop"}
+    | {f"validation.{key}": f"inference.{key}" for key in INFERENCE_KEYS if key != "crop"},
+    "predict": {key: f"inference.{key}" for key in INFERENCE_KEYS},
+}
+RENAMED["eval"] = RENAMED["train"]
 ABSENT = object()
 
 
@@ -169,23 +239,40 @@ def shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def check_values(cfg: DictConfig) -> None:
-    """Every ``VALUE_RULES`` key present in ``cfg`` has a value of the expected type and range (all bad
-    keys are listed in one line), required keys (``???``) are set, and an ``out`` directory can be
-    written. Every command runs this on its composed config before anything else (``segattn.cli``)."""
+def plain(node: Any) -> Any:
+    """A config node as plain Python containers, interpolations resolved (``???`` left as is); any other
+    value as it is. How a command hands a config group to the builders, which never see the config tree."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def check_renamed(command: str, overrides: Sequence[str]) -> None:
+    """A key ``command`` no longer reads, typed on its command line (``validation.crop_size=...``), is a
+    ValueError naming the key and the one that replaced it."""
+    renamed = RENAMED.get(command, {})
+    problems = []
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if key in renamed:
+            problems.append(f"{key} is now {renamed[key]}: write {renamed[key]}{sep}{value}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def check_values(cfg: DictConfig, command: str) -> None:
+    """Every key of ``command``'s schema (``SCHEMAS``) present in ``cfg`` has a value of the expected type
+    and range, and its settings that span keys agree (all problems are listed in one line); required keys
+    (``???``) are set, and an ``out`` directory can be written. Every command runs this on its composed
+    config before anything else (``segattn.cli``)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ValueError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
+    schema = SCHEMAS[command]
     problems = []
-    for key, (expected, ok) in VALUE_RULES.items():
-        value = OmegaConf.select(cfg, key, default=ABSENT)
-        if value is ABSENT:
-            continue
-        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-        if not ok(value):
+    for key, (expected, ok) in schema.rules.items():
+        value = plain(OmegaConf.select(cfg, key, default=ABSENT))
+        if value is not ABSENT and not ok(value):
             problems.append(f"{key}={shown(value)}: expected {expected}")
-    if cfg.get("mode") == "slide" and cfg.get("crop") is None:  # predict
-        problems.append("mode=slide needs crop=H or crop=[H,W] (the window size)")
+    problems += [problem for span in schema.spans if (problem := span(cfg)) is not None]
     if problems:
         raise ValueError("; ".join(problems))
     if cfg.get("out") is not None:
@@ -244,14 +331,13 @@ def check_data_root(data: DictConfig | dict[str, Any]) -> None:
 def check_config(cfg: DictConfig) -> None:
     """Fail before training on bad values, a missing dataset folder and settings that contradict each
     other, naming the keys."""
-    check_values(cfg)
+    check_values(cfg, "train")
     check_data_root(cfg.data)
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise ValueError(
             f"ckpt_path={cfg.ckpt_path} resumes a run and init_from={cfg.init_from} starts a new one "
             "from weights; set only one"
         )
-    check_validation(cfg.validation)
     check_fsdp(cfg)
     check_accelerator(cfg)
 
@@ -306,14 +392,4 @@ def check_fsdp(cfg: DictConfig) -> None:
         raise ValueError(
             "model.compile=true with trainer.strategy.name=fsdp: compiling a model sharded per block has "
             "not been tested; set model.compile=false, or train with trainer=ddp to compile"
-        )
-
-
-def check_validation(validation: DictConfig) -> None:
-    """``validation.*`` (train, test and eval): a known mode, and a window for slide mode."""
-    if validation.mode not in MODES:
-        raise ValueError(f"validation.mode={validation.mode!r}; expected one of {', '.join(MODES)}")
-    if validation.mode == "slide" and not validation.crop_size:
-        raise ValueError(
-            "validation.mode=slide needs validation.crop_size (and optionally validation.stride)"
         )

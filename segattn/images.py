@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,18 @@ class DataError(ValueError):
 
 class ImageTooLargeError(DataError):
     """An image with more pixels than Pillow decodes at once (``Image.MAX_IMAGE_PIXELS``)."""
+
+
+def as_hw(size: object, key: str = "size") -> tuple[int, int]:
+    """(height, width) from a size as configs write it: H (a square), [H] or [H, W], in pixels. Every
+    reader of a size (crops, windows, strides, image sizes) parses it here; anything else is a ValueError
+    naming ``key`` and the value."""
+    sides = list(size) if isinstance(size, Sequence) and not isinstance(size, str) else [size]
+    if len(sides) not in (1, 2) or not all(
+        isinstance(side, Integral) and not isinstance(side, bool) and side > 0 for side in sides
+    ):
+        raise ValueError(f"{key}={size!r}: expected a positive size: H or [H, W] in pixels")
+    return int(sides[0]), int(sides[-1])
 
 
 def is_raster(path: Path) -> bool:
@@ -213,6 +227,7 @@ __all__ = [
     "Color",
     "DataError",
     "ImageTooLargeError",
+    "as_hw",
     "default_palette",
     "is_raster",
     "read_classes",

@@ -6,7 +6,9 @@ Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem
 runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and safetensors
 directories. Unreadable images are named, skipped, and make the command exit with status 1 at the end.
 
-In slide mode a TIFF input (GeoTIFF, BigTIFF) is streamed instead (``stream=true``, the default): read by
+How an image is predicted is the ``inference`` config group, shared with train.py's validation and eval.py
+(``inference.mode=slide inference.crop=[512,512]``). In slide mode a TIFF input (GeoTIFF, BigTIFF) is
+streamed instead (``stream=true``, the default): read by
 window, inferred strip by strip and written as a tiled GeoTIFF mask with an overview PNG
 (``segattn.inference.raster_predict``), so its size is not limited by memory.
 """
@@ -22,8 +24,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from .cli import run_command
+from .config import plain
 from .cpu_memory import reuse_freed_memory
-from .images import is_raster
+from .images import as_hw, is_raster
 from .inference.image_io import find_images, normalize, overlay, read_input, save_mask, save_rgb
 from .inference.trained import TrainedModel, is_onnx, open_model
 from .record import ModelRecord
@@ -34,91 +37,66 @@ if TYPE_CHECKING:
 Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
 
 
-def pair(value: Any, key: str) -> tuple[int, int] | None:
-    """``crop=512`` or ``crop=[512,1024]`` -> (H, W); null -> None."""
-    if value is None:
-        return None
-    values = [value] if isinstance(value, int) else list(value)
-    if len(values) not in (1, 2):
-        raise ValueError(f"{key}={values}; expected H or [H,W]")
-    return (int(values[0]), int(values[-1]))
-
-
-def onnx_predictor(model: TrainedModel, args: dict[str, Any]) -> Predictor:
+def onnx_predictor(model: TrainedModel, inference: dict[str, Any]) -> Predictor:
     """numpy slide/flip inference in the model's onnxruntime session; multi-scale TTA needs the torch path."""
     from .inference.onnx import infer_numpy
 
-    if list(args["scales"]) != [1.0]:
-        scales = list(args["scales"])
-        raise ValueError(f"scales={scales} (multi-scale TTA) needs a checkpoint or safetensors model")
+    if list(inference["scales"]) != [1.0]:
+        raise ValueError(
+            f"inference.scales={list(inference['scales'])} (multi-scale TTA) needs a checkpoint or "
+            "safetensors model"
+        )
+    crop, stride = inference["crop"], inference["stride"]
 
     def predict(images: np.ndarray) -> np.ndarray:
         logits = infer_numpy(
             model.session,
             images,
-            args["mode"],
-            pair(args["crop"], "crop"),
-            pair(args["stride"], "stride"),
-            args["crop_batch_size"],
-            args["flip"],
+            inference["mode"],
+            None if crop is None else as_hw(crop, "inference.crop"),
+            None if stride is None else as_hw(stride, "inference.stride"),
+            inference["crop_batch_size"],
+            inference["flip"],
         )
         return logits[0].argmax(axis=0)
 
     return predict
 
 
-def torch_predictor(model: TrainedModel, args: dict[str, Any]) -> Predictor:
-    """``segattn.inference.infer`` on whole images under inference mode on the CPU, with the requested
-    torch threads."""
+def torch_predictor(model: TrainedModel, inference: dict[str, Any], threads: int) -> Predictor:
+    """``segattn.inference.infer`` on whole images under inference mode on the CPU, with ``threads`` torch
+    threads (0: torch's default)."""
     import torch
 
     from .inference.infer import infer
 
-    if args["threads"]:
-        torch.set_num_threads(args["threads"])
+    if threads:
+        torch.set_num_threads(threads)
 
     def predict(images: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            logits = infer(
-                model.network,
-                torch.from_numpy(images),
-                model.record.num_classes,
-                args["mode"],
-                pair(args["crop"], "crop"),
-                pair(args["stride"], "stride"),
-                args["crop_batch_size"],
-                tuple(args["scales"]),
-                args["flip"],
-            )
+            logits = infer(model.network, torch.from_numpy(images), model.record.num_classes, **inference)
         return logits[0].argmax(dim=0).numpy()
 
     return predict
 
 
-def streams(path: Path, args: dict[str, Any]) -> bool:
+def streams(path: Path, args: DictConfig) -> bool:
     """Whether ``path`` is read by window: a TIFF in slide mode with ``stream=true``."""
-    return bool(args["stream"]) and args["mode"] == "slide" and is_raster(path)
+    return bool(args.stream) and args.inference.mode == "slide" and is_raster(path)
 
 
-def slide_settings(args: dict[str, Any], model_path: Path) -> SlideSettings:
+def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSettings:
     """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed (checked
     before the model is opened)."""
-    from .inference.tiling import SlideSettings, default_stride
+    from .inference.tiling import slide_settings
 
     if is_onnx(model_path):
         raise ValueError(
             f"checkpoint={model_path}: streaming a TIFF by window needs a checkpoint or safetensors "
             "model; use one, or stream=false to read the image whole"
         )
-    if list(args["scales"]) != [1.0]:
-        raise ValueError(
-            f"scales={list(args['scales'])}: a streamed TIFF takes flip TTA only; use scales=[1.0]"
-        )
-    crop = pair(args["crop"], "crop")
-    if crop is None:
-        raise ValueError("mode=slide needs crop=H or crop=[H,W] (the window size)")
-    stride = pair(args["stride"], "stride") or default_stride(crop)
-    return SlideSettings(crop, stride, int(args["crop_batch_size"]), bool(args["flip"]))
+    return slide_settings(inference)
 
 
 def progress(items: list[Path], description: str) -> Iterator[Path]:
@@ -199,26 +177,28 @@ def predict_rasters(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m segattn.predict`` / ``segattn-predict``: compose conf/predict.yaml with ``argv``."""
-    return run_command("segattn.predict", "predict", run, argv)
+    return run_command("segattn.predict", "predict", run, argv, groups=("inference",))
 
 
 def run(args: DictConfig) -> int:
     """Predict every image of ``args.input``; 1 when the model, the input or an image could not be read."""
-    model_path, out = Path(args["checkpoint"]), Path(args["out"])
+    model_path, out, inference = Path(args.checkpoint), Path(args.out), plain(args.inference)
     reuse_freed_memory()
     try:
-        files = find_images(args["input"])
+        files = find_images(args.input)
         rasters = [path for path in files if streams(path, args)]
-        settings = slide_settings(args, model_path) if rasters else None
-        model = open_model(model_path, args["threads"])
-        predictor = onnx_predictor(model, args) if model.network is None else torch_predictor(model, args)
+        settings = raster_settings(inference, model_path) if rasters else None
+        model = open_model(model_path, args.threads)
+        predictor = (
+            onnx_predictor(model, inference)
+            if model.network is None
+            else torch_predictor(model, inference, args.threads)
+        )
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
     images = [path for path in files if path not in rasters]
-    written, failed = predict_files(
-        predictor, model.record, progress(images, "segmenting"), out, args["alpha"]
-    )
+    written, failed = predict_files(predictor, model.record, progress(images, "segmenting"), out, args.alpha)
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)
         written, failed = written + streamed, failed + raster_failures

@@ -95,8 +95,9 @@ def predict_child(settings: RasterSettings, raster: Path, model: Path, out: Path
     report = out.with_suffix(".peak")
     command = [
         sys.executable, "-m", "segattn.bench.peak", str(report), "segattn.predict", f"checkpoint={model}",
-        f"input={raster}", f"out={out}", "mode=slide", f"crop={settings.crop}", f"stride={settings.stride}",
-        f"crop_batch_size={settings.crop_batch_size}", f"threads={settings.threads}",
+        f"input={raster}", f"out={out}", "inference.mode=slide", f"inference.crop={settings.crop}",
+        f"inference.stride={settings.stride}", f"inference.crop_batch_size={settings.crop_batch_size}",
+        f"threads={settings.threads}",
     ]  # fmt: skip
     begin = time.perf_counter()
     status = subprocess.run(command, stdout=subprocess.DEVNULL, check=False).returncode

@@ -11,14 +11,13 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, DataError
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, DataError, as_hw
 from .base import SegDatasetBase
 from .registry import build_source
 from .resumable import EpochPosition, ResumableDataLoader
 from .scan import scan_dataset
 from .transforms import (
     WorkerSeeder,
-    as_hw,
     build_eval_transform,
     build_train_transform,
     reseed_transform,
@@ -103,7 +102,7 @@ class SegDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
         self.validate = validate
-        self.crop_size, self.ratio_range = as_hw(crop_size), list(ratio_range)
+        self.crop_size, self.ratio_range = as_hw(crop_size, "data.crop_size"), list(ratio_range)
         self.reads_windows = bool(getattr(self.source, "reads_windows", False))  # crops read as windows
         self.train_transform = build_train_transform(
             crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..images import as_hw
 from .base import DataSource, SegDatasetBase, Transform
-from .transforms import as_hw, build_eval_transform
+from .transforms import build_eval_transform
 
 SYNTHETIC_CLASSES = [
     ("background", (0, 0, 0)),
@@ -104,7 +105,7 @@ class SyntheticDataset(SegDatasetBase):
     ):
         if split not in SPLITS:
             raise ValueError(f"synthetic has splits {list(SPLITS)}, not {split!r}")
-        self.split, self.size, self.num_samples = split, as_hw(image_size), num_samples
+        self.split, self.size, self.num_samples = split, as_hw(image_size, "data.image_size"), num_samples
         self.seed, self.max_shapes = seed, max_shapes
         self.classes = [name for name, _ in SYNTHETIC_CLASSES]
         self.palette = [color for _, color in SYNTHETIC_CLASSES]
@@ -150,7 +151,7 @@ class SyntheticSource(DataSource):
     ):
         self.classes = [name for name, _ in SYNTHETIC_CLASSES]
         self.palette = [color for _, color in SYNTHETIC_CLASSES]
-        self.image_size, self.max_shapes, self.seed = as_hw(image_size), max_shapes, seed
+        self.image_size, self.max_shapes, self.seed = as_hw(image_size, "data.image_size"), max_shapes, seed
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
 
     def dataset(self, split: str, transform: Transform | None = None) -> SyntheticDataset:

@@ -21,15 +21,7 @@ import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.core.transforms_interface import DualTransform
 
-from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
-
-
-def as_hw(size: int | Sequence[int]) -> tuple[int, int]:
-    """(height, width) from an int (square) or a [height, width] pair."""
-    if isinstance(size, int):
-        return size, size
-    h, w = size
-    return int(h), int(w)
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, as_hw
 
 
 class RandomResize(DualTransform):
@@ -134,7 +126,7 @@ def build_train_transform(
     """The training pipeline; ``crop_size`` is [height, width] (or an int for squares). ``rotate``: the
     largest angle in degrees of a random rotation (half the items; corners filled with 0 and the ignore
     index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no crop)."""
-    h, w = as_hw(crop_size)
+    h, w = as_hw(crop_size, "data.crop_size")
     steps: list[Any] = []
     if not cropped and (base_size is not None or tuple(ratio_range) != (1.0, 1.0)):
         steps.append(RandomResize(ratio_range, base_size))

@@ -1,4 +1,4 @@
-"""``python eval.py checkpoint=... [split=test] [data=...] [validation.*=...]``: ``run(cfg)``.
+"""``python eval.py checkpoint=... [split=test] [data=...] [inference.*=...]``: ``run(cfg)``.
 
 The split is predicted batch by batch exactly as validation predicts it (same transform, collate and
 ``infer`` options), and only the confusion matrix is kept, so memory is bounded by one batch of images
@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 from torch.utils.data import DataLoader
 
-from ..config import check_data_root, check_validation, config_dir
+from ..config import check_data_root, check_values, config_dir, plain
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.raster import RasterLayout
-from ..images import DataError
+from ..images import DataError, as_hw
 from ..inference.trained import open_model
 from ..record import ModelRecord
 from . import report
@@ -61,11 +61,6 @@ def recorded_dataset_file(cfg: DictConfig, record: ModelRecord) -> dict[str, Any
     merged = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # an open copy to graft onto
     merged.data = OmegaConf.load(path)
     return plain(merged.data)
-
-
-def plain(node: Any) -> dict[str, Any]:
-    """A config node as a plain dict, interpolations resolved, ``???`` left as is."""
-    return OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
 
 
 def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfig) -> None:
@@ -141,8 +136,8 @@ def score_loader(
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
-    check_validation(cfg.validation)
-    inference = OmegaConf.to_container(cfg.validation, resolve=True)
+    check_values(cfg, "eval")
+    inference = plain(cfg.inference)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads))
@@ -201,10 +196,11 @@ def describe_inference(inference: dict[str, Any]) -> str:
     """``whole``, or ``slide 512x512 stride 341x341``, plus scales and flip when used."""
     text = inference["mode"]
     if text == "slide":
-        crop = inference["crop_size"]
-        text += f" {crop[0]}x{crop[-1]}"
-        if inference.get("stride"):
-            text += f" stride {inference['stride'][0]}x{inference['stride'][-1]}"
+        crop = as_hw(inference["crop"], "inference.crop")
+        text += f" {crop[0]}x{crop[1]}"
+        if inference.get("stride") is not None:
+            stride = as_hw(inference["stride"], "inference.stride")
+            text += f" stride {stride[0]}x{stride[1]}"
     if list(inference.get("scales") or [1.0]) != [1.0]:
         text += f", scales {list(inference['scales'])}"
     if inference.get("flip"):

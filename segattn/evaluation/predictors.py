@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..images import as_hw
 from ..inference.infer import infer
 from ..inference.onnx import infer_numpy
 from ..inference.trained import TrainedModel
@@ -21,8 +22,8 @@ Predictor = Callable[[Tensor], Tensor]
 
 
 def predictor(model: TrainedModel, inference: dict[str, Any]) -> Predictor:
-    """``infer`` with the validation settings, without autograd; ``infer_numpy`` for an ONNX model, which
-    takes no multi-scale testing (ValueError naming the key)."""
+    """``infer`` with the ``inference`` group's settings, without autograd; ``infer_numpy`` for an ONNX
+    model, which takes no multi-scale testing (ValueError naming the key)."""
     num_classes, network, session = model.record.num_classes, model.network, model.session
     if session is None:
 
@@ -33,18 +34,18 @@ def predictor(model: TrainedModel, inference: dict[str, Any]) -> Predictor:
         return predict
     if list(inference.get("scales") or [1.0]) != [1.0]:
         raise ValueError(
-            f"validation.scales={list(inference['scales'])}: multi-scale testing runs on the torch path; "
-            "evaluate the checkpoint or its safetensors export, or set validation.scales=[1.0]"
+            f"inference.scales={list(inference['scales'])}: multi-scale testing runs on the torch path; "
+            "evaluate the checkpoint or its safetensors export, or set inference.scales=[1.0]"
         )
-    crop, stride = inference.get("crop_size"), inference.get("stride")
+    crop, stride = inference.get("crop"), inference.get("stride")
 
     def predict_onnx(images: Tensor) -> Tensor:
         logits = infer_numpy(
             session,
             images.numpy(),
             mode=inference.get("mode", "whole"),
-            crop_size=None if crop is None else tuple(crop),
-            stride=None if stride is None else tuple(stride),
+            crop=None if crop is None else as_hw(crop, "inference.crop"),
+            stride=None if stride is None else as_hw(stride, "inference.stride"),
             crop_batch_size=int(inference.get("crop_batch_size", 4)),
             flip=bool(inference.get("flip", False)),
         )

@@ -16,28 +16,20 @@ import torch
 from ..data.raster import RasterLayout, read_labels
 from ..inference.raster import RasterImage, describe_window, raster_env
 from ..inference.raster_predict import raster_strips
-from ..inference.tiling import SlideSettings, default_stride
+from ..inference.tiling import SlideSettings, slide_settings
 from ..inference.trained import TrainedModel
 from .average_precision import AveragePrecisionMetric, score_logits
 from .metrics import SegmentationMetric
 
 
 def raster_settings(inference: dict[str, Any]) -> SlideSettings:
-    """The validation group as slide settings; ValueError naming the key when a raster cannot stream."""
-    if inference.get("mode") != "slide" or not inference.get("crop_size"):
+    """The inference group as slide settings; ValueError naming the key when a raster cannot stream."""
+    if inference.get("mode") != "slide" or inference.get("crop") is None:
         raise ValueError(
-            f"validation.mode={inference.get('mode')!r}: data=raster scores whole rasters strip by strip; "
-            "set validation.mode=slide validation.crop_size=[H,W]"
+            f"inference.mode={inference.get('mode')!r}: data=raster scores whole rasters strip by strip; "
+            "set inference.mode=slide inference.crop=[H,W]"
         )
-    if list(inference.get("scales") or [1.0]) != [1.0]:
-        raise ValueError(
-            f"validation.scales={list(inference['scales'])}: rasters stream with flip TTA only; "
-            "set validation.scales=[1.0]"
-        )
-    crop = (int(inference["crop_size"][0]), int(inference["crop_size"][-1]))
-    stride = inference.get("stride")
-    step = default_stride(crop) if not stride else (int(stride[0]), int(stride[-1]))
-    return SlideSettings(crop, step, int(inference.get("crop_batch_size", 4)), bool(inference.get("flip")))
+    return slide_settings(inference)
 
 
 def score_rasters(

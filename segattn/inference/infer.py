@@ -12,14 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..images import as_hw
 from .tiling import MODES, Window, default_stride, scaled_size, slide_windows
-
-
-def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2:
-        raise ValueError(f"infer: {name}={value!r}; expected an int or (height, width)")
-    return int(pair[0]), int(pair[1])
 
 
 def _check_logits(logits: Tensor, images: Tensor, num_classes: int) -> Tensor:
@@ -66,13 +60,13 @@ def infer_slide(
     model: Callable[[Tensor], Tensor],
     images: Tensor,
     num_classes: int,
-    crop_size: tuple[int, int],
+    crop: tuple[int, int],
     stride: tuple[int, int],
     crop_batch_size: int = 4,
 ) -> Tensor:
     """Overlapping crops batched ``crop_batch_size`` at a time; overlaps averaged with a count map."""
     batch, _, height, width = images.shape
-    windows = slide_windows(height, width, crop_size, stride)
+    windows = slide_windows(height, width, crop, stride)
     jobs = [(index, window) for index in range(batch) for window in windows]
     logits = images.new_zeros((batch, num_classes, height, width), dtype=torch.float32)
     count = images.new_zeros((1, 1, height, width), dtype=torch.float32)
@@ -94,15 +88,16 @@ def infer(
     images: Tensor,
     num_classes: int,
     mode: str = "whole",
-    crop_size: int | tuple[int, int] | None = None,
-    stride: int | tuple[int, int] | None = None,
+    crop: int | Sequence[int] | None = None,
+    stride: int | Sequence[int] | None = None,
     crop_batch_size: int = 4,
     scales: Sequence[float] = (1.0,),
     flip: bool = False,
 ) -> Tensor:
-    """Logits [B, K, H, W] at the size of ``images`` [B, 3, H, W]; runs without autograd.
+    """Logits [B, K, H, W] at the size of ``images`` [B, 3, H, W]; runs without autograd. The options are
+    the keys of the ``inference`` config group, so ``infer(model, images, K, **inference)`` runs it.
 
-    ``slide`` needs ``crop_size`` (stride defaults to half the crop). With several ``scales`` or ``flip``,
+    ``slide`` needs ``crop`` (stride defaults to half the crop). With several ``scales`` or ``flip``,
     each view's logits are resized (bilinear) back to H × W, un-flipped, and averaged.
     """
     if mode not in MODES:
@@ -112,13 +107,13 @@ def infer(
     if not scales:
         raise ValueError("infer: scales is empty; expected at least one scale, e.g. (1.0,)")
     if mode == "slide":
-        if crop_size is None:
-            raise ValueError("infer: mode='slide' needs crop_size (int or (height, width))")
-        crop = _pair(crop_size, "crop_size")
-        step = default_stride(crop) if stride is None else _pair(stride, "stride")
+        if crop is None:
+            raise ValueError("infer: mode='slide' needs crop (int or (height, width))")
+        window = as_hw(crop, "crop")
+        step = default_stride(window) if stride is None else as_hw(stride, "stride")
 
         def run(x: Tensor) -> Tensor:
-            return infer_slide(model, x, num_classes, crop, step, crop_batch_size)
+            return infer_slide(model, x, num_classes, window, step, crop_batch_size)
 
     else:
 

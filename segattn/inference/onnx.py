@@ -76,7 +76,7 @@ def infer_numpy(
     model: OnnxSegmentor,
     images: np.ndarray,
     mode: str = "whole",
-    crop_size: tuple[int, int] | None = None,
+    crop: tuple[int, int] | None = None,
     stride: tuple[int, int] | None = None,
     crop_batch_size: int = 4,
     flip: bool = False,
@@ -86,17 +86,17 @@ def infer_numpy(
     height, width = images.shape[-2:]
     if model.fixed_size is not None:
         # A fixed-shape graph sees only crops of its export size: pad small images up to it, then slide.
-        mode, crop_size = "slide", model.fixed_size
-        stride = stride or default_stride(crop_size)
-        pad_h, pad_w = max(0, crop_size[0] - height), max(0, crop_size[1] - width)
+        mode, crop = "slide", model.fixed_size
+        stride = stride or default_stride(crop)
+        pad_h, pad_w = max(0, crop[0] - height), max(0, crop[1] - width)
         images = np.pad(images, ((0, 0), (0, 0), (0, pad_h), (0, pad_w)))
 
     def run(x: np.ndarray) -> np.ndarray:
         if mode == "slide":
-            if crop_size is None:
-                raise ValueError("mode=slide needs a crop size (crop=H,W)")
-            step = stride or default_stride(crop_size)
-            return slide_numpy(model, x, num_classes, crop_size, step, crop_batch_size)
+            if crop is None:
+                raise ValueError("infer_numpy: mode='slide' needs crop (height, width)")
+            step = stride or default_stride(crop)
+            return slide_numpy(model, x, num_classes, crop, step, crop_batch_size)
         if mode != "whole":
             raise ValueError(f"mode={mode!r}; expected 'whole' or 'slide'")
         return model(x)

@@ -5,10 +5,15 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from ..images import as_hw
 
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
 Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
+NO_WINDOW = "inference.mode=slide needs inference.crop=H or inference.crop=[H,W] (the window size)"
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,27 @@ def default_stride(crop: tuple[int, int]) -> tuple[int, int]:
     return (max(1, crop[0] // 2), max(1, crop[1] // 2))
 
 
+def slide_settings(inference: Mapping[str, Any]) -> SlideSettings:
+    """The ``inference`` config group (plain values) as the settings of an image streamed by window (a
+    raster, strip by strip): window, stride (default half the window), batch and flip. ValueError naming
+    the key when there is no window, or multi-scale TTA, which a stream does not take."""
+    if inference.get("crop") is None:
+        raise ValueError(NO_WINDOW)
+    if list(inference.get("scales") or [1.0]) != [1.0]:
+        raise ValueError(
+            f"inference.scales={list(inference['scales'])}: a raster streamed by window takes flip TTA only; "
+            "set inference.scales=[1.0]"
+        )
+    crop = as_hw(inference["crop"], "inference.crop")
+    stride = inference.get("stride")
+    return SlideSettings(
+        crop,
+        default_stride(crop) if stride is None else as_hw(stride, "inference.stride"),
+        int(inference.get("crop_batch_size", 4)),
+        bool(inference.get("flip", False)),
+    )
+
+
 def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
     """Image size at a TTA scale, rounded, at least one pixel."""
     if scale <= 0:
@@ -58,4 +84,12 @@ def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-__all__ = ["SlideSettings", "Window", "default_stride", "scaled_size", "slide_windows", "window_starts"]
+__all__ = [
+    "SlideSettings",
+    "Window",
+    "default_stride",
+    "scaled_size",
+    "slide_settings",
+    "slide_windows",
+    "window_starts",
+]

@@ -26,7 +26,8 @@ SchedulerFactory = Callable[[Optimizer, int], LRScheduler]
 
 
 class SegmentationModule(pl.LightningModule):
-    """Trains ``model`` (a Segmentor) with ``criterion``; validates and tests with ``infer(**inference)``.
+    """Trains ``model`` (a Segmentor) with ``criterion``; validates and tests with ``infer(**inference)``
+    (``inference``: the ``inference`` config group's values).
 
     ``record`` (what the model is: its config, classes, palette, normalisation, dataset) is stored in
     checkpoints so the model can be rebuilt and used from the checkpoint alone. ``average_precision``

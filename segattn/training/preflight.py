@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..attention import AttentionBase
 from ..data import SegDataModule
-from ..data.transforms import as_hw
+from ..images import as_hw
 from ..inference.tiling import scaled_size
 from ..models import Segmentor
 from ..parallel import check_band_variant, image_bands
@@ -49,23 +49,25 @@ def check_token_limit(model: Segmentor, size: Sequence[int], where: str) -> None
 
 def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
     """The input sizes validation will feed the model, by the config key that sets them."""
-    validation = cfg.validation
-    if validation.mode == "slide":
-        return {f"validation.crop_size={list(validation.crop_size)}": as_hw(validation.crop_size)}
+    inference = cfg.inference
+    if inference.mode == "slide":
+        crop = as_hw(inference.crop, "inference.crop")
+        return {f"inference.crop={list(crop)}": crop}
     dataset = datamodule.datasets["val"]
     if len(dataset) == 0:
         return {}
     first = dataset[0]  # whole-image validation: the first image, at the largest test-time scale
     height, width = first["image"].shape[-2:]
-    where = f"validation.scales={list(validation.scales)} on {first['path']}"
-    return {where: scaled_size(height, width, max(validation.scales))}
+    where = f"inference.scales={list(inference.scales)} on {first['path']}"
+    return {where: scaled_size(height, width, max(inference.scales))}
 
 
 def preflight(cfg: DictConfig, datamodule: SegDataModule, model: Segmentor) -> None:
     """Fail before training: missing or empty splits, bad files (``data.validate``), sizes the model
     cannot take. Errors name the file or config key and what was expected."""
     datamodule.setup("fit")
-    sizes = {f"data.crop_size={list(as_hw(cfg.data.crop_size))}": as_hw(cfg.data.crop_size)}
+    crop = as_hw(cfg.data.crop_size, "data.crop_size")
+    sizes = {f"data.crop_size={list(crop)}": crop}
     sizes.update(eval_sizes(cfg, datamodule))
     for where, size in sizes.items():
         check_token_limit(model, size, where)
@@ -84,12 +86,12 @@ def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, i
         raise ValueError(
             "model.compile=true with trainer=spatial: compiled graphs do not run the band exchanges"
         )
-    validation = cfg.validation
-    if validation.mode != "whole" or list(validation.scales) != [1.0] or validation.flip:
+    inference = cfg.inference
+    if inference.mode != "whole" or list(inference.scales) != [1.0] or inference.flip:
         raise ValueError(
-            f"validation.mode={validation.mode}, scales={list(validation.scales)}, flip={validation.flip}: "
-            "with trainer=spatial validation splits each whole image into bands; use validation.mode=whole "
-            "validation.scales=[1.0] validation.flip=false"
+            f"inference.mode={inference.mode}, scales={list(inference.scales)}, flip={inference.flip}: "
+            "with trainer=spatial validation splits each whole image into bands; use inference.mode=whole "
+            "inference.scales=[1.0] inference.flip=false"
         )
     bands = strategy.get("bands", 2)
     for where, (height, _) in sizes.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from pytorch_lightning.callbacks import (
     EarlyStopping,
     RichModelSummary,
@@ -31,7 +31,7 @@ from ..checkpoints.resume import (
     resolve_ckpt_path,
     wandb_run_id,
 )
-from ..config import NothingToDo, check_config
+from ..config import NothingToDo, check_config, plain
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..evaluation.average_precision import class_ids
@@ -68,11 +68,6 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "fsdp": FullyShardedStrategy,
     "spatial": BandParallelStrategy,  # one image split into bands across a group of processes
 }
-
-
-def plain(node: Any) -> Any:
-    """A config node as plain Python containers with interpolations resolved."""
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def build_from_registry(
@@ -136,7 +131,7 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         optimizer=functools.partial(build_optimizer, **plain(cfg.optimizer)),
         scheduler=functools.partial(build_scheduler, **plain(cfg.scheduler)),
         record=record,
-        inference=plain(cfg.validation),
+        inference=plain(cfg.inference),
         compile_network=compile_network,
         average_precision={
             "bins": int(cfg.metrics.ap_bins),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from torch._utils import ExceptionWrapper
 
 from segattn import cli, config
@@ -93,18 +94,18 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
     ),
     (
         "train.py",
-        ["validation.mode=slide", "validation.crop_size=[0,0]"],
-        "validation.crop_size=[0, 0]: expected null or a positive size: H or [H, W] in pixels",
+        ["inference.mode=slide", "inference.crop=[0,0]"],
+        "inference.crop=[0, 0]: expected null or a positive size: H or [H, W] in pixels",
     ),
     (
         "segattn.predict",
-        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "mode=bogus"],
-        "mode='bogus': expected one of whole, slide",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "inference.mode=bogus"],
+        "inference.mode='bogus': expected one of whole, slide",
     ),
     (
         "segattn.predict",
-        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "mode=slide"],
-        "mode=slide needs crop=H or crop=[H,W] (the window size)",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "inference.mode=slide"],
+        "inference.mode=slide needs inference.crop=H or inference.crop=[H,W] (the window size)",
     ),
     (
         "segattn.export",
@@ -114,8 +115,8 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
     ("eval.py", ["checkpoint={text}", "num_examples=-1"], "num_examples=-1: expected an integer >= 0"),
     (
         "eval.py",
-        ["checkpoint={text}", "validation.crop_batch_size=0"],
-        "validation.crop_batch_size=0: expected",
+        ["checkpoint={text}", "inference.crop_batch_size=0"],
+        "inference.crop_batch_size=0: expected",
     ),
     ("eval.py", ["checkpoint={text}"], f"checkpoint={{text}}: {TEXT_CKPT}"),
     (
@@ -145,13 +146,25 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
     ),
     (
         "segattn.predict",
-        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "crop_batch_size=0"],
-        "crop_batch_size=0",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "inference.crop_batch_size=0"],
+        "inference.crop_batch_size=0: expected an integer >= 1",
     ),
     (
         "segattn.predict",
         ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "alpha=2"],
         "alpha=2: expected an opacity",
+    ),
+    (  # keys renamed when validation and predict's settings became the inference group
+        "train.py",
+        ["validation.mode=slide", "validation.crop_size=[512,512]"],
+        "validation.mode is now inference.mode: write inference.mode=slide; validation.crop_size is now "
+        "inference.crop: write inference.crop=[512,512]",
+    ),
+    ("eval.py", ["checkpoint={text}", "validation=default"], "validation is now inference: write inference="),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "crop=512"],
+        "crop is now inference.crop: write inference.crop=512",
     ),
 ]
 
@@ -220,6 +233,31 @@ def test_eval_names_a_missing_data_root_as_train_does(tmp_path):
         f"data.root={tmp_path}/nope: does not exist; expected the folder holding dataset 'folder' "
         "(see data/README.md)"
     )
+
+
+@pytest.mark.parametrize("command", sorted(config.SCHEMAS))
+def test_every_checked_key_is_a_key_of_its_command(command):
+    """A schema is keyed by full paths of the command's own config: a rule for a key the command does not
+    have (a rename the schema missed) checks nothing. ``data.*`` rules cover options some datasets lack."""
+    cfg = cli.compose_command(command, [])
+
+    def has(key: str) -> bool:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        return node is not None and leaf in node.keys()  # noqa: SIM118 (`in` skips "???" values)
+
+    assert [
+        key for key in config.SCHEMAS[command].rules if not key.startswith("data.") and not has(key)
+    ] == []
+
+
+def test_a_key_is_checked_by_its_own_commands_rule_only():
+    """export's ``height`` rule does not apply to a ``height`` key elsewhere, as the one global table did."""
+    config.check_values(cli.compose_command("train", ["+height=0", "+format=tflite"]), "train")
+    with pytest.raises(ValueError, match=r"^height=0: expected an integer >= 1 \(pixels\)$"):
+        config.check_values(
+            cli.compose_command("export", ["checkpoint=x", "format=onnx", "out=x", "height=0"]), "export"
+        )
 
 
 def test_the_export_formats_checked_are_the_ones_export_writes():

@@ -51,7 +51,11 @@ def test_help_lists_groups_and_keys(name, expected, capsys):
     ("name", "argv", "key"),
     [
         ("segattn.export", ["checkpoint=x", "format=onnx", "out=y", "opsett=17"], "opsett"),
-        ("segattn.predict", ["checkpoint=x", "input=y", "out=z", "crop_batchsize=2"], "crop_batchsize"),
+        (
+            "segattn.predict",
+            ["checkpoint=x", "input=y", "out=z", "inference.crop_batchsize=2"],
+            "inference.crop_batchsize",
+        ),
         ("data doctor", ["data.rooot=/tmp"], "data.rooot"),
     ],
 )
@@ -78,8 +82,8 @@ def test_bench_help_lists_its_parts(capsys):
 @pytest.mark.parametrize(
     ("script", "groups", "typo"),
     [
-        ("train.py", ["attention:", "model:", "data:", "validation:", "trainer:"], "trainer.max_epoch=1"),
-        ("eval.py", ["data:", "validation:", "checkpoint: ???", "split: test"], "splitt=val"),
+        ("train.py", ["attention:", "model:", "data:", "inference:", "trainer:"], "trainer.max_epoch=1"),
+        ("eval.py", ["data:", "inference:", "checkpoint: ???", "split: test"], "splitt=val"),
     ],
 )
 def test_hydra_apps_help_and_typos(script, groups, typo, tmp_path):

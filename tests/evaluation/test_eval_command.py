@@ -81,7 +81,7 @@ def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
     )
     scored = {}
     for kind, path in (("ckpt", checkpoint), ("onnx", out / "model.onnx")):
-        payload = evaluate(eval_config(tmp_path / kind, f"checkpoint={path}", "validation.flip=true"))
+        payload = evaluate(eval_config(tmp_path / kind, f"checkpoint={path}", "inference.flip=true"))
         scored[kind] = payload["summary"]["mIoU"]
         assert payload["format"] == ("checkpoint" if kind == "ckpt" else "onnx")
     assert abs(scored["ckpt"] - scored["onnx"]) <= 0.1, scored
@@ -99,7 +99,7 @@ def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
     [
         (["split=holdout"], "split='holdout': synthetic has splits ['train', 'val', 'test'], not 'holdout'"),
         (["data=camvid", "data.root=."], "predicts 5 classes but dataset 'camvid' has 11 (sky, building,"),
-        (["validation.mode=tiles"], "validation.mode='tiles'; expected one of whole, slide"),
+        (["inference.mode=tiles"], "inference.mode='tiles': expected one of whole, slide"),
     ],
 )
 def test_bad_inputs_name_the_value(trained, tmp_path, overrides, message):

@@ -22,7 +22,7 @@ from segattn.models import build_model
 from segattn.record import ModelRecord
 
 SIZES = [(300, 520), (130, 170)]  # the second is smaller than the window on one side
-SLIDE = ["validation.mode=slide", "validation.crop_size=[128,160]", "validation.stride=[96,120]"]
+SLIDE = ["inference.mode=slide", "inference.crop=[128,160]", "inference.stride=[96,120]"]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def expected_confusion(model_dir: Path, flip: bool) -> np.ndarray:
 @pytest.mark.parametrize("flip", [False, True])
 def test_streamed_raster_scores_equal_in_memory_slide_counts(setup, tmp_path, flip):
     overrides = [f"checkpoint={setup['model']}", "data=raster", f"data.root={setup['data']}", *SLIDE]
-    payload = evaluate(eval_config(tmp_path, *overrides, f"validation.flip={str(flip).lower()}"))
+    payload = evaluate(eval_config(tmp_path, *overrides, f"inference.flip={str(flip).lower()}"))
     assert payload["images"] == 2 and payload["dataset"] == "raster"
     np.testing.assert_array_equal(np.asarray(payload["confusion"]), expected_confusion(setup["model"], flip))
     assert (tmp_path / "metrics.json").is_file() and (tmp_path / "confusion.png").is_file()
@@ -77,7 +77,7 @@ def test_streamed_raster_scores_equal_in_memory_slide_counts(setup, tmp_path, fl
 def test_whole_mode_on_rasters_is_refused_naming_the_key(setup, tmp_path):
     overrides = [f"checkpoint={setup['model']}", "data=raster", f"data.root={setup['data']}"]
     with pytest.raises(
-        ValueError, match=r"validation.mode='whole': data=raster scores whole rasters strip by"
+        ValueError, match=r"inference.mode='whole': data=raster scores whole rasters strip by"
     ):
         evaluate(eval_config(tmp_path, *overrides))
     assert not (tmp_path / "metrics.json").exists()

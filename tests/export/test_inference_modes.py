@@ -58,7 +58,7 @@ def test_slide_with_window_covering_the_image_equals_whole():
     whole = model(images).detach()
     for crop in [(24, 40), (64, 64)]:
         recorder = Recorder(model)
-        slide = infer(recorder, images, 3, mode="slide", crop_size=crop, stride=(8, 8))
+        slide = infer(recorder, images, 3, mode="slide", crop=crop, stride=(8, 8))
         assert recorder.calls == [(2, 3, 24, 40)]
         torch.testing.assert_close(slide, whole)
 
@@ -67,7 +67,7 @@ def test_slide_with_overlapping_windows_equals_whole_on_translation_equivariant_
     model = pointwise_head()
     images = torch.randn(2, 3, 50, 77)
     whole = model(images).detach()
-    slide = infer(model, images, 5, mode="slide", crop_size=(16, 24), stride=(10, 13), crop_batch_size=3)
+    slide = infer(model, images, 5, mode="slide", crop=(16, 24), stride=(10, 13), crop_batch_size=3)
     torch.testing.assert_close(slide, whole, atol=1e-6, rtol=1e-6)
 
 
@@ -78,7 +78,7 @@ def test_overlaps_are_averaged_with_a_count_map():
     def top_row(crops: Tensor) -> Tensor:
         return crops[:, :1, :1, :1].expand(-1, 1, crops.shape[2], crops.shape[3])
 
-    out = infer(top_row, rows, 1, mode="slide", crop_size=(4, 6), stride=(3, 6))
+    out = infer(top_row, rows, 1, mode="slide", crop=(4, 6), stride=(3, 6))
     # Windows start at rows 0, 3, 6. Rows 0-2 see {0}, row 3 {0, 3}, rows 4-5 {3}, row 6 {3, 6}, rows 7-9 {6}.
     expected = torch.tensor([0, 0, 0, 1.5, 3, 3, 4.5, 6, 6, 6]).view(1, 1, 10, 1).expand(1, 1, 10, 6)
     torch.testing.assert_close(out, expected)
@@ -87,7 +87,7 @@ def test_overlaps_are_averaged_with_a_count_map():
 def test_slide_never_calls_the_model_on_more_than_crop_batch_size_crops():
     model = Recorder(pointwise_head(2))
     images = torch.randn(3, 3, 300, 500)  # many windows for a 1x1 model: 3 × 9 × 16 crops of 48 × 48
-    out = infer(model, images, 2, mode="slide", crop_size=48, stride=32, crop_batch_size=4)
+    out = infer(model, images, 2, mode="slide", crop=48, stride=32, crop_batch_size=4)
     assert out.shape == (3, 2, 300, 500)
     # ceil((300 - 48) / 32) + 1 = 9 rows and ceil((500 - 48) / 32) + 1 = 16 columns of windows per image.
     assert sum(call[0] for call in model.calls) == 3 * 9 * 16
@@ -121,7 +121,7 @@ def test_multiscale_slide_with_flip_matches_whole_on_pointwise_model():
     model = pointwise_head(3)
     images = torch.randn(1, 3, 40, 56)
     expected = infer(model, images, 3, scales=(0.75, 1.25), flip=True)
-    out = infer(model, images, 3, mode="slide", crop_size=20, stride=12, scales=(0.75, 1.25), flip=True)
+    out = infer(model, images, 3, mode="slide", crop=20, stride=12, scales=(0.75, 1.25), flip=True)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -130,5 +130,5 @@ def test_wrong_logit_shape_and_mode_are_clear_errors():
         infer(pointwise_head(3), torch.randn(1, 3, 8, 8), 4)
     with pytest.raises(ValueError, match="mode='tiles'"):
         infer(pointwise_head(3), torch.randn(1, 3, 8, 8), 3, mode="tiles")
-    with pytest.raises(ValueError, match="needs crop_size"):
+    with pytest.raises(ValueError, match="needs crop"):
         infer(pointwise_head(3), torch.randn(1, 3, 8, 8), 3, mode="slide")

@@ -78,7 +78,8 @@ def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_
 
 
 def test_slide_and_flip_agree_between_onnx_numpy_and_torch_paths(exported, images, tmp_path):
-    options = ["mode=slide", "crop=[16,24]", "stride=[8,16]", "crop_batch_size=3", "flip=true"]
+    options = ["inference.mode=slide", "inference.crop=[16,24]", "inference.stride=[8,16]"]
+    options += ["inference.crop_batch_size=3", "inference.flip=true"]
     for kind in ("onnx", "safetensors"):
         main(
             [f"checkpoint={exported[kind]}", f"input={images / 'a.png'}", f"out={tmp_path / kind}", *options]
@@ -91,7 +92,14 @@ def test_slide_and_flip_agree_between_onnx_numpy_and_torch_paths(exported, image
 
 def test_predict_errors_name_the_problem(exported, images, tmp_path, capsys):
     assert (
-        main([f"checkpoint={exported['onnx']}", f"input={images}", f"out={tmp_path}", "scales=[0.5,1.0]"])
+        main(
+            [
+                f"checkpoint={exported['onnx']}",
+                f"input={images}",
+                f"out={tmp_path}",
+                "inference.scales=[0.5,1.0]",
+            ]
+        )
         == 1
     )
     assert "multi-scale" in capsys.readouterr().err

@@ -63,8 +63,14 @@ def test_cli_streams_a_geotiff_to_the_in_memory_slide_mask_with_its_georeferenci
     exported, raster, tmp_path
 ):
     out = tmp_path / "out"
-    args = [f"checkpoint={exported}", f"input={raster}", f"out={out}", "mode=slide", "crop=[512,640]"]
-    args += ["stride=[384,480]", "crop_batch_size=3"]
+    args = [
+        f"checkpoint={exported}",
+        f"input={raster}",
+        f"out={out}",
+        "inference.mode=slide",
+        "inference.crop=[512,640]",
+    ]
+    args += ["inference.stride=[384,480]", "inference.crop_batch_size=3"]
     assert main(args) == 0
     model = open_model(exported)
     rgb = scene(SIZE).transpose(1, 2, 0)
@@ -142,7 +148,9 @@ def test_changed_settings_start_over_instead_of_resuming(small_raster, tmp_path)
 def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(exported, tmp_path):
     two = write_geotiff(tmp_path / "two.tif", scene((64, 96))[:2])
     out = tmp_path / "out"
-    code = main([f"checkpoint={exported}", f"input={two}", f"out={out}", "mode=slide", "crop=64"])
+    code = main(
+        [f"checkpoint={exported}", f"input={two}", f"out={out}", "inference.mode=slide", "inference.crop=64"]
+    )
     assert code == 1
     assert not (out / "masks").exists()
     with pytest.raises(ValueError, match=r"raster .*two\.tif has 2 bands .*expected 1 \(gray\), 3 \(RGB\)"):
@@ -157,8 +165,16 @@ def test_bad_band_count_is_one_line_naming_the_file_and_nothing_is_written(expor
             "checkpoint=exported/model.onnx: streaming a TIFF by window needs",
             1,
         ),
-        (["scales=[0.5,1.0]"], "scales=[0.5, 1.0]: a streamed TIFF takes flip TTA only", 1),
-        (["crop=null"], "mode=slide needs crop=H or crop=[H,W]", 2),  # a config error, checked first
+        (
+            ["inference.scales=[0.5,1.0]"],
+            "inference.scales=[0.5, 1.0]: a raster streamed by window takes flip TTA only",
+            1,
+        ),
+        (
+            ["inference.crop=null"],
+            "inference.mode=slide needs inference.crop=H or inference.crop=[H,W]",
+            2,
+        ),  # a config error, checked first
     ],
 )
 def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
@@ -168,8 +184,8 @@ def test_settings_a_raster_cannot_stream_with_are_one_line_naming_the_key(
         f"checkpoint={exported}",
         f"input={small_raster}",
         f"out={tmp_path / 'out'}",
-        "mode=slide",
-        "crop=64",
+        "inference.mode=slide",
+        "inference.crop=64",
     ]
     assert main([*args, *overrides]) == status
     error = capsys.readouterr().err.strip()

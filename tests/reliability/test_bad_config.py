@@ -15,7 +15,7 @@ from segattn.training.preflight import attention_grid
 
 PVT = ["model=pvt", "model.embed_dims=[16,16,32,32]", "model.depths=[1,1,1,1]", "model.num_heads=[1,1,2,2]"]
 LINFORMER = ["attention=linformer", "attention.options.proj_len=4"]
-SLIDE_40 = ["validation.mode=slide", "validation.crop_size=[40,40]"]
+SLIDE_40 = ["inference.mode=slide", "inference.crop=[40,40]"]
 
 
 @pytest.mark.parametrize(
@@ -48,13 +48,13 @@ SLIDE_40 = ["validation.mode=slide", "validation.crop_size=[40,40]"]
             "a 8×8 grid = 64 tokens (stride 4), more than attention.options.max_tokens=63",
         ),
         (  # training fits; whole-image validation at test-time scale 2 does not
-            [*VIT, *LINFORMER, "attention.options.max_tokens=16", "validation.scales=[1.0,2.0]"],
-            "validation.scales=[1.0, 2.0] on synthetic/val/000000: at 64×64 px the first attention stage "
+            [*VIT, *LINFORMER, "attention.options.max_tokens=16", "inference.scales=[1.0,2.0]"],
+            "inference.scales=[1.0, 2.0] on synthetic/val/000000: at 64×64 px the first attention stage "
             "sees a 8×8 grid = 64 tokens",
         ),
         (
             [*VIT, *LINFORMER, "attention.options.max_tokens=16", *SLIDE_40],
-            "validation.crop_size=[40, 40]: at 40×40 px the first attention stage sees a 5×5 grid = 25",
+            "inference.crop=[40, 40]: at 40×40 px the first attention stage sees a 5×5 grid = 25",
         ),
     ],
 )

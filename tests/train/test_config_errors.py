@@ -15,9 +15,12 @@ def test_resume_and_init_from_together_are_refused(tmp_path):
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [(["validation.mode=tiles"], "expected one of whole, slide"), (["validation.mode=slide"], "crop_size")],
+    [
+        (["inference.mode=tiles"], "expected one of whole, slide"),
+        (["inference.mode=slide"], "inference.crop"),
+    ],
 )
-def test_validation_mode_is_checked(overrides, message, tmp_path):
+def test_inference_mode_is_checked(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         check_config(compose_config([*overrides, f"paths.output_dir={tmp_path}"]))
 
