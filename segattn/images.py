@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .files import atomic_write_text
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 RASTER_SUFFIXES = (".tif", ".tiff")  # GeoTIFF / BigTIFF: what can be read by window
 CLASSES_FILE = "classes.json"
@@ -213,7 +215,7 @@ def write_classes(directory: Path, names: list[str], palette: list[Color]) -> No
         {"id": index, "name": str(name), "color": [int(v) for v in colour]}
         for index, (name, colour) in enumerate(zip(names, palette, strict=True))
     ]
-    (directory / CLASSES_FILE).write_text(json.dumps({"classes": classes}, indent=2) + "\n")
+    atomic_write_text(directory / CLASSES_FILE, json.dumps({"classes": classes}, indent=2) + "\n")
 
 
 __all__ = [

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..attention import attention_class, attention_options
-from ..checkpoints.atomic import atomic_write
+from ..files import atomic_write
 from .maxres import MaxresSettings, find_maxres
 from .measure import total_memory_budget
 from .model import ModelSettings, measure_memory, time_steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import platform
 import subprocess
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cpu_memory import reuse_requested
+from ..files import atomic_write_text
 
 # Tables stay readable when the output goes to a file or CI log instead of a terminal.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -62,7 +64,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def write_environment(out_dir: Path, env: dict[str, Any]) -> None:
-    (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    atomic_write_text(out_dir / "environment.json", json.dumps(env, indent=2) + "\n")
     console.print("[bold]machine:[/] " + ", ".join(f"{key}={value}" for key, value in env.items()))
 
 
@@ -71,10 +73,11 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def grid(

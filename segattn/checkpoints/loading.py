@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from torch import nn
 
+from ..files import atomic_write_text, replacing
 from ..images import CLASSES_FILE, read_classes, write_classes
 from ..record import MODEL_FILE, WEIGHTS_FILE, ModelRecord
 from .resume import read_checkpoint
@@ -124,7 +125,8 @@ def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> Non
 
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "segattn", "version": str(FORMAT_VERSION)}
-    save_model(model, str(directory / WEIGHTS_FILE), metadata=metadata)
+    with replacing(directory / WEIGHTS_FILE) as temp:
+        save_model(model, str(temp), metadata=metadata)
     write_metadata(record, directory)
 
 
@@ -132,7 +134,7 @@ def write_metadata(record: ModelRecord, directory: Path) -> None:
     """``model.yaml`` and ``classes.json``: what every export format carries next to its weights."""
     data = {key: value for key, value in record.data_section().items() if key not in ("classes", "palette")}
     meta = {"format_version": FORMAT_VERSION, "model": record.model, "data": data}
-    (directory / MODEL_FILE).write_text(yaml.safe_dump(meta, sort_keys=False))
+    atomic_write_text(directory / MODEL_FILE, yaml.safe_dump(meta, sort_keys=False))
     write_classes(directory, record.classes, record.palette)
 
 

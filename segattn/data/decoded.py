@@ -18,15 +18,13 @@ write or two processes filling the same cache never leave a partial file.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
 
+from ..files import atomic_write
 from ..images import read_image
 from .base import Sample
 
@@ -73,18 +71,6 @@ def foreground_positions(mask: np.ndarray, seed: int = 0) -> dict[int, np.ndarra
     return positions
 
 
-def _save_atomic(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class DecodedCache:
     """Decoded (and shrunk) images, masks and per-class positions of samples, cached under ``root``.
 
@@ -123,7 +109,11 @@ class DecodedCache:
         path = folder / "positions.npz"
         if not path.is_file():
             found = foreground_positions(self.mask(sample, factor))
-            _save_atomic(path, lambda handle: np.savez(handle, **{str(k): v for k, v in found.items()}))
+            atomic_write(
+                path,
+                lambda handle: np.savez(handle, **{str(k): v for k, v in found.items()}),
+                sole_writer=False,
+            )
         with np.load(path) as stored:
             return {int(k): stored[k] for k in stored.files}
 
@@ -134,5 +124,5 @@ class DecodedCache:
         path = folder / name
         if not path.is_file():
             array = decode()
-            _save_atomic(path, lambda handle: np.save(handle, np.ascontiguousarray(array)))
+            atomic_write(path, lambda handle: np.save(handle, np.ascontiguousarray(array)), sole_writer=False)
         return np.load(path, mmap_mode="r")

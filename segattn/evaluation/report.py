@@ -4,6 +4,7 @@ examples.png. Inputs are plain scores (from ``SegmentationMetric``), never the m
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from ..files import atomic_write_text
 from .metrics import PER_CLASS_KEYS as IOU_PER_CLASS_KEYS
 from .metrics import SUMMARY_KEYS as IOU_SUMMARY_KEYS
 
@@ -59,17 +61,18 @@ def print_scores(record: dict[str, Any], title: str, console: Console | None = N
 
 
 def write_per_class_csv(record: dict[str, Any], path: Path) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        per_class_keys = list(next(iter(record["per_class"].values()), {}))[:-1]  # all but "pixels"
-        writer.writerow(["class", *per_class_keys, "pixels"])
-        for name, values in record["per_class"].items():
-            row = [_csv_cell(values[key]) for key in per_class_keys]
-            writer.writerow([name, *row, values["pixels"]])
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    per_class_keys = list(next(iter(record["per_class"].values()), {}))[:-1]  # all but "pixels"
+    writer.writerow(["class", *per_class_keys, "pixels"])
+    for name, values in record["per_class"].items():
+        row = [_csv_cell(values[key]) for key in per_class_keys]
+        writer.writerow([name, *row, values["pixels"]])
+    atomic_write_text(path, text.getvalue())
 
 
 def write_json(payload: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def plot_confusion(confusion: np.ndarray, classes: list[str], path: Path, title: str) -> None:

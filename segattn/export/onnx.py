@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..attention import attention_class
 from ..checkpoints.loading import write_metadata
+from ..files import replacing
 from ..inference.onnx import METADATA_KEY, ONNX_FILE
 from ..record import ModelRecord
 from .verify import ExportError, check_sizes, compare, latency, trace_size
@@ -101,10 +102,11 @@ def onnx_attempt(
     # Batch 2: torch.export specialises a dimension whose example size is 0 or 1. A dynamic graph is
     # traced at trace_size so that the TorchScript-based exporter records the general branches.
     example = torch.randn(2, 3, *(trace_size(*shapes[0][2:]) if dynamic else shapes[0][2:]))
-    torch_onnx_export(wrapper, example, path, opset, exporter, dynamic)
-    proto = onnx.load(str(path))
-    proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(record, dynamic, exporter))
-    onnx.save(proto, str(path))
+    with replacing(path) as temp:  # model.onnx appears complete, metadata included, or not at all
+        torch_onnx_export(wrapper, example, temp, opset, exporter, dynamic)
+        proto = onnx.load(str(temp))
+        proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(record, dynamic, exporter))
+        onnx.save(proto, str(temp))
     options = ort.SessionOptions()
     options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
     options.intra_op_num_threads = torch.get_num_threads()  # latency compares like with like

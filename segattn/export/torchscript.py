@@ -11,6 +11,7 @@ from torch import nn
 
 from ..attention import attention_class
 from ..checkpoints.loading import write_metadata
+from ..files import replacing
 from ..record import ModelRecord
 from .onnx import onnx_metadata
 from .verify import ExportError, check_sizes, compare, trace_size
@@ -41,7 +42,9 @@ def export_torchscript(
     with warnings.catch_warnings():
         # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(traced, str(path), _extra_files={"segattn.json": onnx_metadata(record, True, "trace")})
+        extra = {"segattn.json": onnx_metadata(record, True, "trace")}
+        with replacing(path) as temp:
+            torch.jit.save(traced, str(temp), _extra_files=extra)
         loaded = torch.jit.load(str(path))
     results = compare(wrapper, loaded, check_sizes(*size), atol, label)
     write_metadata(record, out)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..files import atomic_write
 from ..images import IMAGE_SUFFIXES, Color, ImageTooLargeError, is_raster, read_image
 
 
@@ -54,15 +55,19 @@ def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarra
 
 def save_mask(mask: np.ndarray, path: Path) -> None:
     """An index mask [H, W] as a PNG: 8-bit grayscale for up to 256 classes, 16-bit otherwise."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.uint8 if mask.max(initial=0) < 256 else np.uint16
-    Image.fromarray(mask.astype(dtype)).save(path)
+    save_image(Image.fromarray(mask.astype(dtype)), path)
 
 
 def save_rgb(rgb: np.ndarray, path: Path) -> None:
     """A uint8 [H, W, 3] image as PNG (or whatever ``path``'s suffix names)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(rgb).save(path)
+    save_image(Image.fromarray(rgb), path)
+
+
+def save_image(image: Image.Image, path: Path) -> None:
+    """``image`` in the format ``path``'s suffix names, crash-safe (``files.atomic_write``)."""
+    image_format = Image.registered_extensions()[path.suffix.lower()]
+    atomic_write(path, lambda handle: image.save(handle, format=image_format))
 
 
 def overlay(rgb: np.ndarray, mask: np.ndarray, palette: list[Color], alpha: float = 0.5) -> np.ndarray:

@@ -8,7 +8,6 @@ file and, for reads, the window (rows top:bottom, columns left:right).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -162,20 +161,12 @@ def read_overview(path: Path, longest: int) -> np.ndarray:
         return dataset.read(1, out_shape=shape, resampling=Resampling.nearest)
 
 
-def fsync_replace(source: Path, target: Path) -> None:
-    """Rename ``source`` over ``target`` after flushing it to disk: ``target`` is old or new, never half."""
-    with open(source, "rb") as file:
-        os.fsync(file.fileno())
-    os.replace(source, target)
-
-
 __all__ = [
     "BLOCK",
     "RasterImage",
     "check_pair",
     "create_mask",
     "describe_window",
-    "fsync_replace",
     "has_size",
     "mask_dtype",
     "raster_env",

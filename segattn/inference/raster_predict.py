@@ -22,14 +22,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checkpoints.atomic import atomic_write
+from ..files import atomic_write, fsync_replace
 from ..record import ModelRecord
 from .image_io import normalize, save_rgb
 from .raster import (
     BLOCK,
     RasterImage,
     create_mask,
-    fsync_replace,
     has_size,
     raster_env,
     read_overview,

@@ -21,6 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from ..files import atomic_write_text
+
 LOCK = ".lock"
 
 
@@ -111,8 +113,8 @@ def save_run_config(cfg: DictConfig, run_dir: str | Path) -> None:
     the run owns its directory and its config passed every check (``hydra.output_subdir: null``)."""
     folder = Path(run_dir) / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, folder / "config.yaml")
+    atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(cfg))
     if HydraConfig.initialized():
         hydra_cfg = HydraConfig.get()
-        OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
-        OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
+        atomic_write_text(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
+        atomic_write_text(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task))
