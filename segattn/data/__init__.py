@@ -1,5 +1,5 @@
 """Datasets in their official layouts, label lookup tables, albumentations pipelines, the data module
-and the data doctor."""
+and the dataset scan the data doctor prints."""
 
 from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, DataError
 from .base import DataSource, FileLayout, Sample, SegDataset, SegDatasetBase

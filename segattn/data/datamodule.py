@@ -143,7 +143,7 @@ class SegDataModule(pl.LightningDataModule):
             raise DataError(
                 f"data.validate found {len(problems)} problem(s) in dataset {self.name!r}:\n  - "
                 + "\n  - ".join(shown)
-                + f"\nSee `python -m segattn.data.doctor data={self.name} data.root=...` for the full report."
+                + f"\nSee `python -m segattn.doctor data={self.name} data.root=...` for the full report."
             )
 
     def _rank(self) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from segattn.bench.__main__ import main as bench_main
-from segattn.data.doctor import main as doctor_main
+from segattn.doctor import main as doctor_main
 from segattn.export import main as export_main
 from segattn.predict import main as predict_main
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from segattn.data import SegDataModule
-from segattn.data.doctor import format_report, scan_splits
+from segattn.data.scan import format_report, scan_splits
 
 CAMVID = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "camvid").resolve()
 pytestmark = [

@@ -12,7 +12,7 @@ from data_fixtures import H, W, label_grid, make_folder, rgb, save
 from PIL import Image
 
 from segattn.data import DataError, SegDataModule
-from segattn.data.doctor import main as doctor
+from segattn.doctor import main as doctor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,7 +147,7 @@ def test_doctor_command_line(tmp_path):
     root = make_folder(tmp_path)
     path, _ = missing_mask(root)
     run = subprocess.run(
-        [sys.executable, "-m", "segattn.data.doctor", *_args(root), "model=vit"],
+        [sys.executable, "-m", "segattn.doctor", *_args(root), "model=vit"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,7 +7,7 @@ import pytest
 from data_fixtures import make_folder
 
 from segattn.data import DataError, SegDataModule
-from segattn.data.doctor import compose_data_config
+from segattn.doctor import compose_data_config
 
 
 def test_num_classes_comes_from_classes_json(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from data_fixtures import H, W, make_folder, rgb, save
 
 from segattn.data import SegDataModule, seg_collate
-from segattn.data.doctor import compose_data_config
+from segattn.doctor import compose_data_config
 
 CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
 SMALL = {"crop_size": [8, 8], "ratio_range": [1.0, 1.0], "batch_size": 2}

@@ -12,8 +12,8 @@ from raster_fixtures import CLASSES, label_raster, make_raster_dataset, read_ban
 from rasterio.crs import CRS
 
 from segattn.data import DataError, SegDataModule
-from segattn.data.doctor import main as doctor
 from segattn.data.raster import RasterLayout, grid_windows
+from segattn.doctor import main as doctor
 
 SIZES = {"train": [(300, 520), (180, 200)], "val": [(300, 520), (130, 170)], "test": [(140, 150)]}
 OPTIONS = {"window_size": [128, 160], "windows_per_split": 12}
