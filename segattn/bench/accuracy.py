@@ -32,6 +32,7 @@ import torch
 
 from ..attention import attention_class, attention_options
 from ..files import atomic_write
+from ..images import as_hw
 from .maxres import MaxresSettings, find_maxres
 from .measure import total_memory_budget
 from .model import ModelSettings, measure_memory, time_steps
@@ -64,8 +65,8 @@ IDRID_ARMS = [
     *[f"flatten:label=flatten-x{factor}:data.downsample={factor}" for factor in (2, 4, 8)],
     "sra",
     # softmax without reduction at the largest crop whose training step costs what flatten's 512² one does
-    "softmax:label=softmax-320:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]:validation.crop_size=[320,320]"
-    ":validation.stride=[320,320]",
+    "softmax:label=softmax-320:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]:inference.crop=[320,320]"
+    ":inference.stride=[320,320]",
     "linear",
     "litemla:label=efficientvit-litemla:model=efficientvit",
 ]
@@ -100,25 +101,26 @@ class Recipe:
 
 def read_recipe(experiment: str, overrides: list[str]) -> Recipe:
     """Compose ``train.py experiment=<name> <overrides>`` and keep the model, batch size and crop side."""
-    from omegaconf import OmegaConf
-
     from ..cli import compose_command
+    from ..config import plain
 
     cfg = compose_command("train", [f"experiment={experiment}", *overrides])
-    options = OmegaConf.to_container(cfg.model, resolve=True)
+    options = plain(cfg.model)
     name = options.pop("name")
     for key in ("compile", "pretrained"):  # how it trains and starts, not the network that is timed
         options.pop(key, None)
-    crop = list(cfg.data.crop_size) if not isinstance(cfg.data.crop_size, int) else [cfg.data.crop_size] * 2
+    crop = as_hw(cfg.data.crop_size, "data.crop_size")
     if crop[0] != crop[1]:
-        raise ValueError(f"bench accuracy: data.crop_size={crop}; the step cost is measured on square crops")
+        raise ValueError(
+            f"bench accuracy: data.crop_size={list(crop)}; the step cost is measured on square crops"
+        )
     label = f"{name}-{options['size']}" if options.get("size") else name
     mean_classes = cfg.metrics.ap_mean_classes
     mean_classes = None if mean_classes is None else [str(c) for c in mean_classes]
     return Recipe(Spec(name, options, label), int(cfg.data.batch_size), crop[0], mean_classes)
 
 
-CONFIG_GROUPS = ("model", "data", "loss", "optimizer", "scheduler", "trainer", "validation", "metrics")
+CONFIG_GROUPS = ("model", "data", "loss", "optimizer", "scheduler", "trainer", "inference", "metrics")
 
 
 def is_run_override(key: str) -> bool:
@@ -148,7 +150,7 @@ def spec_overrides(variant: Spec) -> list[str]:
         overrides.append(f"{key}={json.dumps(value)}")
     if not attention_class(variant.name).onnx_dynamic:
         # Tied to a token count: evaluate by sliding the training crop over the image, its trained size.
-        overrides += ["validation.mode=slide", "validation.crop_size=${data.crop_size}"]
+        overrides += ["inference.mode=slide", "inference.crop=${data.crop_size}"]
     return overrides
 
 

@@ -38,10 +38,10 @@ def read_input(path: Path) -> np.ndarray:
         return read_image(path)
     except ImageTooLargeError as error:
         how = (
-            "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"
+            "inference.mode=slide inference.crop=1024 streams a TIFF by window (stream=true, the default)"
             if is_raster(path)
-            else "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide "
-            "crop=1024, which streams TIFFs by window"
+            else "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use "
+            "inference.mode=slide inference.crop=1024, which streams TIFFs by window"
         )
         raise ImageTooLargeError(f"{error}; {how}", path) from None
 

@@ -49,10 +49,14 @@ def test_find_images_accepts_file_dir_and_glob(tmp_path):
 @pytest.mark.parametrize(
     ("name", "how"),
     [
-        ("scene.tif", "mode=slide crop=1024 streams a TIFF by window (stream=true, the default)"),
+        (
+            "scene.tif",
+            "inference.mode=slide inference.crop=1024 streams a TIFF by window (stream=true, the default)",
+        ),
         (
             "scene.png",
-            "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use mode=slide crop=1024",
+            "convert it to a tiled GeoTIFF (e.g. gdal_translate -co TILED=YES) and use inference.mode=slide "
+            "inference.crop=1024",
         ),
     ],
 )
