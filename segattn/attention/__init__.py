@@ -27,6 +27,7 @@ from .registry import (
     attention_options,
     available_attention,
     build_attention,
+    check_band_variant,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "attention_options",
     "available_attention",
     "build_attention",
+    "check_band_variant",
     "efficient_attention",
     "focused_feature_map",
     "focused_linear_attention",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from torch import nn
+
 from .agent import AgentAttention
 from .base import AttentionBase
 from .efficient import EfficientAttention
@@ -66,3 +68,23 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> Atte
             f"attention {name!r} has no option(s) {unknown}; its options are: {', '.join(allowed)}"
         )
     return cls(dim, num_heads, **options)
+
+
+def check_band_variant(model: nn.Module) -> None:
+    """Refuse, naming it, an attention module without a band form (``band_parallel`` False) before a model
+    is split into bands (``trainer=spatial``): softmax, sra, nystrom and linformer need all tokens at once;
+    agent, pola and litemla are not split yet."""
+    names = {cls: name for name, cls in ATTENTION_REGISTRY.items()}  # as the user wrote it: attention=...
+    refused = sorted(
+        {
+            names.get(type(m), type(m).__name__)
+            for m in model.modules()
+            if getattr(type(m), "band_parallel", True) is False
+        }
+    )
+    if refused:
+        raise ValueError(
+            f"attention={', '.join(refused)} cannot be split into bands (it needs all tokens of the image at "
+            "once, or has no band form yet); use attention=efficient, linear, taylor, flatten or performer "
+            "with trainer=spatial"
+        )

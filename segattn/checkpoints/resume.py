@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .pickles import refused_pickle
+from ..models.pickles import refused_pickle
 
 LAST = "last.ckpt"
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives

@@ -18,8 +18,8 @@ from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import load_file
 from torch import Tensor
 
-from ..checkpoints.pickles import not_a_weights_file, refused_pickle
 from .encoder import Encoder
+from .pickles import not_a_weights_file, refused_pickle
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 HF_FILENAMES = ("model.safetensors", "pytorch_model.bin")

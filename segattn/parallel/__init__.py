@@ -10,7 +10,7 @@ BatchNorm its statistics (``ops``), position embeddings are resampled for the wh
 
 from .bands import Band, BandGroup, active_split, split_rows, tokens_split
 from .draws import drawing_from, image_seed
-from .forward import band_forward, check_band_variant, image_bands, on_band, recompute_contexts
+from .forward import band_forward, image_bands, on_band, recompute_contexts
 from .ops import band_of_embedding
 from .tokens import token_count, token_max, token_reducer, token_softmax, token_sum
 
@@ -20,7 +20,6 @@ __all__ = [
     "active_split",
     "band_forward",
     "band_of_embedding",
-    "check_band_variant",
     "drawing_from",
     "image_bands",
     "image_seed",

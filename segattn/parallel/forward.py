@@ -33,27 +33,6 @@ def min_band_rows(model: nn.Module) -> int:
     return max(halos)
 
 
-def check_band_variant(model: nn.Module) -> None:
-    """Refuse, naming it, an attention module without a band form (``band_parallel`` False): softmax, sra,
-    nystrom and linformer need all tokens at once; agent, pola and litemla are not split yet."""
-    from ..attention.registry import ATTENTION_REGISTRY  # the attention package imports this one
-
-    names = {cls: name for name, cls in ATTENTION_REGISTRY.items()}  # as the user wrote it: attention=...
-    refused = sorted(
-        {
-            names.get(type(m), type(m).__name__)
-            for m in model.modules()
-            if getattr(type(m), "band_parallel", True) is False
-        }
-    )
-    if refused:
-        raise ValueError(
-            f"attention={', '.join(refused)} cannot be split into bands (it needs all tokens of the image at "
-            "once, or has no band form yet); use attention=efficient, linear, taylor, flatten or performer "
-            "with trainer=spatial"
-        )
-
-
 def image_bands(model: BandSegmentor, height: int, bands: int) -> list[Band]:
     """The bands the padded height of an image ``height`` rows high splits into (see ``split_rows``)."""
     padded = (height + model.stride - 1) // model.stride * model.stride

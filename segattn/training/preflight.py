@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..attention import AttentionBase
+from ..attention import AttentionBase, check_band_variant
 from ..data import SegDataModule
 from ..images import as_hw
 from ..inference.tiling import scaled_size
 from ..models import Segmentor
-from ..parallel import check_band_variant, image_bands
+from ..parallel import image_bands
 from .spatial import check_band_loss
 
 

@@ -21,8 +21,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from segattn.attention import check_band_variant
 from segattn.models import build_model
-from segattn.parallel import BandGroup, band_forward, check_band_variant, drawing_from, image_seed
+from segattn.parallel import BandGroup, band_forward, drawing_from, image_seed
 from segattn.training.losses import SegLoss
 from segattn.training.spatial import band_loss
 

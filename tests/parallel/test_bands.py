@@ -6,8 +6,8 @@ import pytest
 from band_workers import BAND_VARIANTS
 from torch import nn
 
-from segattn.attention import attention_class, available_attention, build_attention
-from segattn.parallel import Band, check_band_variant, split_rows
+from segattn.attention import attention_class, available_attention, build_attention, check_band_variant
+from segattn.parallel import Band, split_rows
 from segattn.parallel.ops import window_halos
 
 
