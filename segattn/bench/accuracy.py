@@ -149,8 +149,9 @@ def spec_overrides(variant: Spec) -> list[str]:
         key = f"++attention.options.{key}" if key in accepted else f"model.{key}"
         overrides.append(f"{key}={json.dumps(value)}")
     if not attention_class(variant.name).onnx_dynamic:
-        # Tied to a token count: evaluate by sliding the training crop over the image, its trained size.
-        overrides += ["inference.mode=slide", "inference.crop=${data.crop_size}"]
+        # Tied to a token count: evaluate by sliding the training crop over the image, its trained size, at
+        # the default stride for that window (a preset's stride may be wider than it)
+        overrides += ["inference.mode=slide", "inference.crop=${data.crop_size}", "inference.stride=null"]
     return overrides
 
 

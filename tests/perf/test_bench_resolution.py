@@ -33,6 +33,12 @@ def test_arms_pass_config_keys_and_groups_as_plain_overrides():
         "attention=litemla",
         "model=efficientvit",
     ]
+    # a fixed-size arm slides its training crop at that window's own stride, not the preset's wider one
+    assert spec_overrides(parse_spec("linformer:max_tokens=1024"))[-3:] == [
+        "inference.mode=slide",
+        "inference.crop=${data.crop_size}",
+        "inference.stride=null",
+    ]
     labels = [parse_spec(text).label for text in IDRID_ARMS]
     assert len(set(labels)) == len(labels) and "flatten-x8" in labels
 
