@@ -11,10 +11,11 @@ its forward and gathered once more for its backward. Buffers are not sharded: ea
 BatchNorm running statistics (FSDP does not broadcast buffers as DDP does); checkpoints hold rank 0's.
 
 Checkpoints: the full weights and optimizer state are gathered (on the CPU) on rank 0 and written as one
-``last.ckpt`` like every other trainer's, through the trainer's checkpoint IO (``AtomicCheckpointIO``:
-temporary file, fsync, rename), so resume (``ckpt_path``), eval, export and ``init_from`` read it
-unchanged. Lightning's sharded checkpoint folders (``save_distributed_checkpoint``) are refused: none of
-those readers takes a folder, and its writer has no atomic rename.
+``last.ckpt`` like every other trainer's, through the trainer's checkpoint IO
+(``checkpointing.AtomicCheckpointIO``: temporary file, fsync, rename), so resume (``ckpt_path``), eval,
+export and ``init_from`` read it unchanged. Lightning's sharded checkpoint folders
+(``save_distributed_checkpoint``) are refused: none of those readers takes a folder, and its writer has no
+atomic rename.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any
 import pytorch_lightning as pl
 from lightning_fabric.plugins.environments import SLURMEnvironment
 
-from ..checkpoints.last import ResumableModelCheckpoint
+from .checkpointing import ResumableModelCheckpoint
 
 log = logging.getLogger(__name__)
 

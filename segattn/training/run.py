@@ -21,9 +21,7 @@ from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
-from ..checkpoints.atomic import AtomicCheckpointIO
 from ..checkpoints.compat import check_resumable, describe_init_differences
-from ..checkpoints.last import ResumableModelCheckpoint
 from ..checkpoints.resume import (
     load_weights,
     nothing_left_to_train,
@@ -40,6 +38,7 @@ from ..models import build_model
 from ..record import ModelRecord
 from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel
+from .checkpointing import AtomicCheckpointIO, ResumableModelCheckpoint
 from .fsdp import FullyShardedStrategy
 from .guards import NonFiniteGuard
 from .losses import SegLoss

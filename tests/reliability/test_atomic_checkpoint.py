@@ -13,8 +13,9 @@ import pytest
 import torch
 from reliability_fixtures import TINY, compose_run
 
-from segattn.checkpoints.atomic import AtomicCheckpointIO, atomic_save
+from segattn.checkpoints.atomic import atomic_save
 from segattn.files import temp_files
+from segattn.training.checkpointing import AtomicCheckpointIO
 from segattn.training.run import build_trainer, run
 
 # A child that overwrites ckpt with new tensors through atomic_save, but whose serializer writes half the

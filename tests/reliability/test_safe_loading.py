@@ -14,11 +14,11 @@ import yaml
 from reliability_fixtures import BASE, VIT, compose_run
 
 from segattn import open_model
-from segattn.checkpoints.atomic import AtomicCheckpointIO
 from segattn.checkpoints.resume import load_weights, read_checkpoint
 from segattn.models import build_model
 from segattn.models.pretrained import read_weights_file
 from segattn.training import run as train
+from segattn.training.checkpointing import AtomicCheckpointIO
 
 TINY_VIT = {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8, "head_channels": 8}
 

@@ -1,5 +1,6 @@
-"""ModelCheckpoint whose ``last.ckpt`` follows every epoch, so ``ckpt_path=last`` after a crash resumes
-from the latest epoch rather than from the latest improvement.
+"""How Lightning writes segattn's checkpoints: crash-safe (``AtomicCheckpointIO``, through
+``checkpoints.atomic``), and with a ``last.ckpt`` after every epoch (``ResumableModelCheckpoint``), so that
+``ckpt_path=last`` after a crash resumes from the latest epoch rather than from the latest improvement.
 
 Since Lightning 2.5, ``save_last=True`` writes last.ckpt only when a top-k checkpoint was saved in the
 same step: with ``monitor=val/mIoU, save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies
@@ -8,10 +9,27 @@ would resume ten epochs back.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+from ..checkpoints.atomic import atomic_save
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO with crash-safe writes for local paths (remote URLs keep
+    Lightning's fsspec transaction)."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        atomic_save(checkpoint, path)
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):
