@@ -40,6 +40,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # The documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every save; CI builds it with
 # `mkdocs build --strict`. ARGS passes options through, e.g. ARGS="-a 0.0.0.0:8000".
