@@ -1,11 +1,16 @@
-"""Fixtures every test folder can use."""
+"""Fixtures every test folder can use. The helper modules shared by several folders (tiny-run overrides,
+dataset, raster and export fixtures, band-parallel workers, fault-injecting train runs) are in
+tests/helpers/, which pyproject.toml's ``pythonpath`` puts on sys.path."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import DictConfig
+from train_overrides import compose_config
 
 
 @pytest.fixture
@@ -16,3 +21,14 @@ def exact_fp32() -> Iterator[None]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def train_config(tmp_path: Path) -> Callable[..., DictConfig]:
+    """``train_config(*overrides, run="name")``: a composed config whose outputs go to tmp_path/<run>
+    (the training and checkpoint tests)."""
+
+    def make(*overrides: str, run: str = "run") -> DictConfig:
+        return compose_config([f"paths.log_dir={tmp_path}", f"paths.output_dir={tmp_path / run}", *overrides])
+
+    return make

@@ -2,7 +2,8 @@
 float64 CPU result (itself checked against the quadratic formula), and the fused and plain paths agree on
 the GPU. bf16 autocast at 16k tokens on the GPU is a case of test_zoo_numerics.py.
 
-Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "On a GPU").
+Skipped without a CUDA device: CI has none, so these run where a GPU is lent (`make device-check`;
+docs/performance.md, "On a GPU").
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "nystrom": {"num_landmarks": 18},  # N = 240 and 4096 are not multiples of 18: padded segments
     "sra": {"sr_ratio": 2},
 }
-FLAGS = {  # (onnx_dynamic, torchscript, compilable, quadratic) as documented in the README
+FLAGS = {  # (onnx_dynamic, torchscript, compilable, quadratic) as docs/attention.md documents them
     "performer": (True, True, True, False),
     "linformer": (False, True, True, False),
     "nystrom": (True, True, True, False),

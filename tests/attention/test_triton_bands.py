@@ -2,7 +2,7 @@
 context reduction and application are separate steps, with the sum over the bands (and, in backward, of the
 context gradient) in between.
 
-Two gloo processes on the CPU (``tests/parallel/band_workers``: each computes the single-process reference
+Two gloo processes on the CPU (``tests/helpers/band_workers``: each computes the single-process reference
 itself, then its band) with SEGATTN_KERNEL=triton and Triton's interpreter, pvt with each band-parallel
 variant that has a Triton path for bands (efficient's key softmax over all tokens takes the plain formula
 on bands, as on the PyTorch path). fp32: the interpreter's dot products have no float64; errors are relative
@@ -12,15 +12,12 @@ to the largest value of the compared quantity (all gradients together).
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from band_workers import run_world
 
 from segattn.layers import KERNEL_ENV
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
-from band_workers import run_world
 
 pytestmark = [
     pytest.mark.slow,

@@ -47,7 +47,7 @@ TOLERANCE: dict[str, tuple[float, float | None]] = {
 }
 DEFAULT_TOLERANCE = (0.02, 0.06)  # a variant not listed above
 
-# The CUDA case runs where a GPU is lent (CI has none); README, "On a GPU".
+# The CUDA case runs where a GPU is lent (CI has none); docs/performance.md, "On a GPU".
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),

@@ -28,7 +28,7 @@ from segattn.training.losses import SegLoss
 from segattn.training.spatial import band_loss
 
 IGNORE = 255
-# The variants with a band form (``band_parallel``), as the README lists them
+# The variants with a band form (``band_parallel``), as docs/spatial.md lists them
 BAND_VARIANTS = ["efficient", "linear", "taylor", "flatten", "performer"]
 NUM_CLASSES = 5
 # Each family at its smallest, with every kind of layer that crosses rows: overlapping and strided convs,

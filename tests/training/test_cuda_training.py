@@ -2,7 +2,8 @@
 logits, loss and parameter gradients, and a bf16-mixed Lightning run with validation and a test pass
 completes with finite scores and a checkpoint, also under ``trainer=fsdp`` (FSDP2 over NCCL, one GPU).
 
-Skipped without a CUDA device: CI has none, so these run where a GPU is lent (README, "On a GPU").
+Skipped without a CUDA device: CI has none, so these run where a GPU is lent (`make device-check`;
+docs/performance.md, "On a GPU").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tiny models and metadata shared by the export/predict tests (a plain module: test files stay unique)."""
+"""Tiny models and metadata for the export and inference tests (a plain module: test files stay unique)."""
 
 from __future__ import annotations
 

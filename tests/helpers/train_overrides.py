@@ -1,6 +1,8 @@
-"""Overrides and config composition shared by the training tests: the real conf/ with tiny-run settings.
+"""Overrides and config composition shared by the tests that compose or run train.py (training, checkpoints,
+evaluation, parallel, the config tests): the real conf/ with tiny-run settings.
 
-A plain module (not conftest.py) so that test files import it by a name no other test folder uses."""
+A plain module in tests/helpers/ (on sys.path through pyproject.toml's ``pythonpath``), imported by a name no
+test folder uses."""
 
 from __future__ import annotations
 

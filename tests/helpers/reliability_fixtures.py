@@ -1,5 +1,6 @@
-"""Helpers shared by the reliability tests: the real conf/ composed into tiny runs, and train.py started
-as a subprocess (through train_with_faults.py, which adds test-only fault callbacks)."""
+"""Helpers shared by the fault and crash tests (training, checkpoints, data, cli): the real conf/ composed
+into tiny runs, and train.py started as a subprocess (through train_with_faults.py, which adds test-only
+fault callbacks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tiny datasets written on the fly in each official layout (helpers shared by the tests/data tests)."""
+"""Tiny datasets written on the fly in each official layout (for the data and evaluation tests)."""
 
 from __future__ import annotations
 
