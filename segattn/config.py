@@ -1,10 +1,9 @@
-"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` resolver, a config node as
-plain values (``plain``), and the checks a config must pass before anything starts: each command's schema
-(``SCHEMAS``: the type and range of every value a user sets, by full dotted key, and the settings that
-span keys), keys that were renamed (``RENAMED``), required keys and paths. Builders check their own
-arguments (model and attention options, dataset names); what is checked here fails before any run dir
-content, logger or trainer exists, with one line per bad key naming the key, the value and what was
-expected.
+"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` and ``workers`` resolvers, a
+config node as plain values (``plain``), and the checks a config must pass before anything starts: each
+command's schema (``SCHEMAS``: the type and range of every value a user sets, by full dotted key, and the
+settings that span keys), keys that were renamed (``RENAMED``), required keys and paths. Builders check their
+own arguments (model and attention options, dataset names); what is checked here fails before any run dir
+content, logger or trainer exists, with one line per bad key naming the key, the value and what was expected.
 
 The schemas are explicit tables rather than Hydra structured configs: a structured config checks types
 only, where these rules also say the range or the choices expected ("an integer >= 1", "one of whole,
@@ -59,10 +58,28 @@ def repo_root() -> str:
     return str(checkout) if checkout else os.getcwd()
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a job's or container's share of the machine),
+    as torch's DataLoader counts them when it warns about too many workers."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def workers(at_most: int) -> int:
+    """``${workers:N}``, the data configs' default ``num_workers``: N loader processes, but never more than
+    the cores available (4 on a 2-core machine would be 2 processes per core, which torch warns about)."""
+    return min(int(at_most), available_cores())
+
+
 def register_resolvers() -> None:
-    """Make ``${repo_root:}`` available to configs; call before Hydra composes (idempotent)."""
+    """Make ``${repo_root:}`` and ``${workers:N}`` available to configs; call before Hydra composes
+    (idempotent)."""
     if not OmegaConf.has_resolver("repo_root"):
         OmegaConf.register_new_resolver("repo_root", repo_root)
+    if not OmegaConf.has_resolver("workers"):
+        OmegaConf.register_new_resolver("workers", workers)
 
 
 def is_int(value: Any) -> bool:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 from torch.utils.data import DataLoader
 
-from ..config import check_data_root, check_values, config_dir, plain
+from ..config import check_data_root, check_values, config_dir, plain, workers
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.raster import RasterLayout
@@ -36,12 +36,15 @@ from .rasters import score_rasters
 def data_config(cfg: DictConfig, record: ModelRecord) -> dict[str, Any]:
     """The data config to evaluate on: ``data=<name>``'s file when one was picked, otherwise the config
     recorded in the checkpoint (or, for exports without one, its dataset's config file), with every key the
-    command line set (``data.root=...``) on top. The model's own normalisation always wins."""
+    command line set (``data.root=...``) on top; a recorded ``num_workers`` is capped at this machine's cores.
+    The model's own normalisation always wins."""
     given = {key: value for key, value in plain(cfg.data).items() if value is not None}
     if "mean" in cfg.data:  # data=<name> merged a complete dataset file over eval.yaml's two keys
         data = given
     else:
         data = dict(record.data_config or recorded_dataset_file(cfg, record)) | given
+        if "num_workers" not in given:  # resolved on the training machine, which may have more cores
+            data["num_workers"] = workers(int(data.get("num_workers", 0)))
     if data.get("root") == "???":
         raise ValueError(
             f"data.root is not set; dataset {data.get('name')!r} needs the folder holding its files"
