@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from reliability_fixtures import TINY, run_train
 
+pytestmark = pytest.mark.slow  # a train.py subprocess per case
 QUIET = [*TINY, "logger=none"]
 
 

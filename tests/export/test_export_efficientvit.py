@@ -17,7 +17,10 @@ from segattn.models import build_model
 TOLERANCE = 1e-4
 
 
-@pytest.mark.parametrize(("attention", "exporter"), [("litemla", "auto"), ("flatten", "torchscript")])
+@pytest.mark.parametrize(
+    ("attention", "exporter"),
+    [pytest.param("litemla", "auto", marks=pytest.mark.slow), ("flatten", "torchscript")],  # dynamo export: slow
+)
 def test_efficientvit_trains_a_step_and_exports_to_onnx(attention: str, exporter: str, tmp_path) -> None:
     torch.manual_seed(0)
     model = build_model(
