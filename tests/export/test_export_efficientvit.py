@@ -19,7 +19,7 @@ TOLERANCE = 1e-4
 
 @pytest.mark.parametrize(
     ("attention", "exporter"),
-    [pytest.param("litemla", "auto", marks=pytest.mark.slow), ("flatten", "torchscript")],  # dynamo export: slow
+    [pytest.param("litemla", "auto", marks=pytest.mark.slow), ("flatten", "torchscript")],  # slow: dynamo
 )
 def test_efficientvit_trains_a_step_and_exports_to_onnx(attention: str, exporter: str, tmp_path) -> None:
     torch.manual_seed(0)
