@@ -51,7 +51,7 @@ bench: setup
 	$(BIN)/python -m segattn.bench $(ARGS)
 
 # On a machine with a CUDA device: the CUDA tests and the GPU tables into docs/gpu/ (.ci/device-check), in
-# under 10 minutes. No `setup` prerequisite: it must run offline in an installed checkout.
+# under 9 minutes. No `setup` prerequisite: it must run offline in an installed checkout.
 device-check:
 	test -x $(BIN)/python || { echo "device-check: no $(BIN)/python; run make setup first"; exit 1; }
 	PY=$(BIN)/python .ci/device-check
