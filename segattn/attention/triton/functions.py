@@ -228,17 +228,19 @@ class TritonPolarityAttention(torch.autograd.Function):
         half = v.shape[-1] // 2
         query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
         grad_v = empty_in_order(v, v.dtype)
-        grad_fq = torch.zeros(*q.shape[:-1], 2 * q.shape[-1], dtype=torch.float32, device=q.device)
-        grad_fk = torch.zeros(*k.shape[:-1], 2 * k.shape[-1], dtype=torch.float32, device=k.device)
+        grad_fq = grad_fk = None  # ∂φ(q), ∂φ(k) in [φ(x), φ(−x)] order, fp32, summed over the two halves
         parts = (slice(None, half), slice(half, None))
         for i, (key_map, part) in enumerate(zip(key_maps, parts, strict=True)):
             kv, inv = saved[2 * i], saved[2 * i + 1]
-            grad_phi = torch.empty_like(grad_fq)
-            grad_kv = query_backward(q, grad[..., part], kv, inv, grad_phi, query_map, False)
-            grad_fq += grad_phi
-            grad_phi = torch.empty_like(grad_fk)
-            keys_backward(k, v[..., part], grad_kv, grad_phi, grad_v[..., part], key_map, ctx.factor, False)
-            grad_fk += grad_phi if i == 0 else grad_phi.roll(k.shape[-1], dims=-1)  # [φ(−k), φ(k)] order
+            grad_phi_q = q.new_empty(*q.shape[:-1], 2 * q.shape[-1], dtype=torch.float32)
+            grad_kv = query_backward(q, grad[..., part], kv, inv, grad_phi_q, query_map, False)
+            grad_phi_k = k.new_empty(*k.shape[:-1], 2 * k.shape[-1], dtype=torch.float32)
+            keys_backward(k, v[..., part], grad_kv, grad_phi_k, grad_v[..., part], key_map, ctx.factor, False)
+            if grad_fq is None:
+                grad_fq, grad_fk = grad_phi_q, grad_phi_k
+            else:  # the opposite-sign half's keys were laid out [φ(−k), φ(k)]
+                grad_fq += grad_phi_q
+                grad_fk += grad_phi_k.roll(k.shape[-1], dims=-1)
         p = power.float().unsqueeze(-2)  # [h, 1, d] against [B, h, N, d]
         needs_q, needs_k, _, needs_power, _ = ctx.needs_input_grad
         grad_q, power_from_q = polarity_backward(q.float(), p, grad_fq, needs_q, needs_power)
