@@ -61,16 +61,29 @@ def cross_entropy_sums(
     return (losses * keep).sum(), pixel_weight.sum()
 
 
-def dice_loss(logits: Tensor, target: Tensor, ignore_index: int = 255, smooth: float = 1.0) -> Tensor:
-    """1 - mean over classes of the soft Dice coefficient (2|P∩T| + s) / (|P| + |T| + s) on valid pixels."""
+def dice_loss(
+    logits: Tensor, target: Tensor, ignore_index: int = 255, smooth: float = 1.0, present_only: bool = True
+) -> Tensor:
+    """1 - mean over classes of the soft Dice coefficient (2|P∩T| + s) / (|P| + |T| + s) on valid pixels.
+
+    With ``present_only`` (the default) the mean runs over the classes labelled somewhere in the batch's
+    valid pixels. For a class absent from the batch the coefficient is s / (|P| + s): its only way up is to
+    predict that class nowhere, so averaging it in pushes rare classes (lesions missing from most crops)
+    toward zero everywhere, crop after crop. ``present_only=False`` keeps every class (the V-Net form many
+    libraries use); a batch without a valid pixel gives 0 either way.
+    """
     num_classes = logits.shape[1]
     valid = (target != ignore_index).unsqueeze(1)  # [B, 1, H, W]
-    prob = logits.float().softmax(dim=1) * valid
+    prob = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=1) * valid
     one_hot = F.one_hot(target.masked_fill(~valid.squeeze(1), 0), num_classes).permute(0, 3, 1, 2) * valid
     dims = (0, 2, 3)
     intersection = (prob * one_hot).sum(dims)
-    dice = (2 * intersection + smooth) / (prob.sum(dims) + one_hot.sum(dims) + smooth)
-    return 1 - dice.mean()
+    labelled = one_hot.sum(dims)
+    dice = (2 * intersection + smooth) / (prob.sum(dims) + labelled + smooth)
+    if not present_only:
+        return 1 - dice.mean()  # exactly 0 without a valid pixel: every coefficient is s / s
+    present = labelled > 0
+    return 1 - dice[present].mean() if present.any() else logits.sum() * 0
 
 
 def lovasz_grad(gt_sorted: Tensor) -> Tensor:
@@ -110,6 +123,7 @@ class SegLoss(nn.Module):
         ce: float = 1.0,
         dice: float = 0.0,
         lovasz: float = 0.0,
+        dice_present_only: bool = True,
         class_weights: Sequence[float] | None = None,
         label_smoothing: float = 0.0,
         ohem_thresh: float | None = None,
@@ -120,6 +134,7 @@ class SegLoss(nn.Module):
         if min(ce, dice, lovasz) < 0 or ce + dice + lovasz == 0:
             raise ValueError(f"loss weights ce={ce}, dice={dice}, lovasz={lovasz} must be >= 0 and not all 0")
         self.ce, self.dice, self.lovasz = ce, dice, lovasz
+        self.dice_present_only = dice_present_only
         self.label_smoothing = label_smoothing
         self.ohem_thresh = ohem_thresh
         self.ohem_min_kept = ohem_min_kept
@@ -144,7 +159,9 @@ class SegLoss(nn.Module):
                 self.ohem_min_kept,
             )
         if self.dice:
-            total = total + self.dice * dice_loss(logits, target, self.ignore_index)
+            total = total + self.dice * dice_loss(
+                logits, target, self.ignore_index, present_only=self.dice_present_only
+            )
         if self.lovasz:
             total = total + self.lovasz * lovasz_softmax(logits, target, self.ignore_index)
         return total

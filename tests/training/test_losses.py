@@ -59,10 +59,51 @@ def test_lovasz_softmax_equals_jaccard_loss_on_hard_predictions():
     assert lovasz_softmax(one_hot_logits(PRED, 3), TARGET, IGN).item() == pytest.approx(expected, abs=1e-4)
 
 
-def test_dice_on_hard_predictions():
+def test_dice_on_hard_predictions_averages_present_classes_only():
     dice = [(2 * 1 + 1) / (2 + 1 + 1), (2 * 2 + 1) / (2 + 4 + 1), (0 + 1) / (1 + 0 + 1)]
-    expected = 1 - sum(dice) / 3
-    assert dice_loss(one_hot_logits(PRED, 3), TARGET, IGN).item() == pytest.approx(expected, abs=1e-4)
+    # class 2 is predicted once but never labelled: by default it adds no term
+    got = dice_loss(one_hot_logits(PRED, 3), TARGET, IGN)
+    assert got.item() == pytest.approx(1 - (dice[0] + dice[1]) / 2, abs=1e-4)
+    every_class = dice_loss(one_hot_logits(PRED, 3), TARGET, IGN, present_only=False)
+    assert every_class.item() == pytest.approx(1 - sum(dice) / 3, abs=1e-4)
+
+
+@pytest.mark.parametrize("present_only", [True, False])
+def test_dice_equals_its_formula_in_float64(present_only):
+    # Soft probabilities on a batch where class 3 of 5 is absent and some pixels are ignored: the loss is
+    # 1 - the mean over the classes labelled in the batch of (2 sum(p t) + 1) / (sum p + sum t + 1).
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 6, 7, generator=generator, dtype=torch.float64)
+    target = torch.randint(0, 5, (2, 6, 7), generator=generator)
+    target[target == 3] = 4
+    target[torch.rand(2, 6, 7, generator=generator) < 0.2] = IGN
+    valid = target != IGN
+    prob = logits.softmax(1)
+    terms = []
+    for c in range(5):
+        p, t = prob[:, c][valid], (target[valid] == c).double()
+        if present_only and t.sum() == 0:
+            continue
+        terms.append((2 * (p * t).sum() + 1) / (p.sum() + t.sum() + 1))
+    expected = 1 - torch.stack(terms).mean()
+    got = dice_loss(logits, target, IGN, present_only=present_only)
+    assert len(terms) == (4 if present_only else 5)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-9)
+
+
+def test_dice_of_a_batch_without_the_class_does_not_push_it_down():
+    # One class, absent from the labels: the present-only loss gives its logits no gradient through the
+    # absent term (only through the softmax shared with the present classes), the every-class loss does.
+    logits = torch.zeros(1, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    target = torch.zeros(1, 4, 4, dtype=torch.long)
+    target[0, :2] = 1
+    present = dice_loss(logits, target)
+    (grad_present,) = torch.autograd.grad(present, logits)
+    every = dice_loss(logits, target, present_only=False)
+    (grad_every,) = torch.autograd.grad(every, logits)
+    # with uniform probabilities class 2's gradient comes only from the softmax coupling in the present
+    # form; the every-class form adds a push of its own, so class 2's logits move further down
+    assert (grad_every[0, 2] > grad_present[0, 2]).all()
 
 
 def test_segloss_is_weighted_sum_and_zero_without_valid_pixels():
