@@ -61,6 +61,7 @@ class SegmentationModule(pl.LightningModule):
         self.test_ap = AveragePrecisionMetric(model.num_classes, **ap_options)
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
         self.test_scores: dict[str, Any] = {}  # the latest test's scores, read by the run summary
+        self.test_histograms: dict[str, Tensor] = {}  # the latest test's AP histograms (run_test saves them)
         self.compile_network = compile_network
         self.compiled = False
 
@@ -134,6 +135,11 @@ class SegmentationModule(pl.LightningModule):
         self.val_scores = self.log_scores(self.val_metric, self.val_ap, "val")
 
     def on_test_epoch_end(self) -> None:
+        with self.test_ap.sync_context():  # summed over all ranks, as compute() sees them
+            self.test_histograms = {
+                "positives": self.test_ap.positives.cpu().clone(),
+                "negatives": self.test_ap.negatives.cpu().clone(),
+            }
         self.test_scores = self.log_scores(self.test_metric, self.test_ap, "test")
 
     def log_scores(

@@ -5,11 +5,14 @@ train.py`` calls."""
 from __future__ import annotations
 
 import functools
+import io
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.callbacks import (
@@ -33,6 +36,7 @@ from ..config import NothingToDo, check_config, plain
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..evaluation.average_precision import class_ids
+from ..files import atomic_write
 from ..images import DataError
 from ..models import build_model
 from ..record import ModelRecord
@@ -215,7 +219,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         summary = summarize(trainer, module, run_dir)
         if cfg.test_after_fit:
-            summary.update(run_test(trainer, module, datamodule, run_dir))
+            summary.update(run_test(trainer, module, datamodule, run_dir, bool(cfg.get("test_last"))))
         failed = False
     finally:
         finish_wandb(loggers, exit_code=int(failed))
@@ -235,11 +239,21 @@ def untested_own_checkpoint(cfg: DictConfig, checkpoint: Path, run_dir: Path) ->
 
 
 def run_test(
-    trainer: pl.Trainer, module: SegmentationModule, datamodule: SegDataModule, run_dir: Path
+    trainer: pl.Trainer,
+    module: SegmentationModule,
+    datamodule: SegDataModule,
+    run_dir: Path,
+    test_last: bool = False,
 ) -> dict[str, Any]:
     """Score this run's best checkpoint (the final weights without one) on the test split, scored as
     validation is; ``test`` holds the scores, or ``test_note`` says why there are none. Only a checkpoint
-    inside ``run_dir`` counts: another run's file may hold another model by now."""
+    inside ``run_dir`` counts: another run's file may hold another model by now.
+
+    With ``test_last`` the final weights are scored too (``test_last``), so a table can say how much the
+    choice of checkpoint by a few validation images moved the test score. Each test's per-class AP
+    histograms go to ``test_ap_best.npz`` / ``test_ap_last.npz``: the positives and negatives per score
+    bin from which AP (of any class subset) is recomputed without running the model again.
+    """
     split = datamodule.splits["test"]
     try:
         datamodule.setup("test")
@@ -251,9 +265,38 @@ def run_test(
     best = getattr(trainer.checkpoint_callback, "best_model_path", "")
     if best and not Path(best).resolve().is_relative_to(run_dir.resolve()):
         best = ""  # only this run's own checkpoints (see ResumableModelCheckpoint.load_state_dict)
+    final_state = {k: v.detach().clone() for k, v in module.state_dict().items()} if test_last else None
     trainer.test(module, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+    save_histograms(trainer, module, run_dir / "test_ap_best.npz")
     weights = best or "the final weights"
-    return {"test": dict(module.test_scores), "test_note": f"{count} images of split {split!r}, {weights}"}
+    result = {"test": dict(module.test_scores), "test_note": f"{count} images of split {split!r}, {weights}"}
+    if final_state is None:
+        return result
+    if best and checkpoint_step(best) == trainer.global_step:  # the best is the final weights: same scores
+        shutil.copyfile(run_dir / "test_ap_best.npz", run_dir / "test_ap_last.npz")
+        return result | {"test_last": result["test"]}
+    module.load_state_dict(final_state)
+    trainer.test(module, datamodule=datamodule, weights_only=True)
+    save_histograms(trainer, module, run_dir / "test_ap_last.npz")
+    return result | {"test_last": dict(module.test_scores)}
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The optimizer step a Lightning checkpoint was saved at (None where it does not say)."""
+    import torch
+
+    step = torch.load(path, map_location="cpu", weights_only=True).get("global_step")
+    return None if step is None else int(step)
+
+
+def save_histograms(trainer: pl.Trainer, module: SegmentationModule, path: Path) -> None:
+    """The last test's AP histograms as a compressed ``.npz`` (``positives``, ``negatives``: [K, bins]),
+    written by rank zero, crash-safe."""
+    if not trainer.is_global_zero or not module.test_histograms:
+        return
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{k: v.numpy() for k, v in module.test_histograms.items()})
+    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
 
 
 def finish_wandb(loggers: list[Logger], exit_code: int) -> None:

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+import torch
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
+from segattn.evaluation.average_precision import average_precision_from_histograms
 from segattn.evaluation.command import run as evaluate
 from segattn.export import main as export_main
 from segattn.training.run import run as train
@@ -36,6 +39,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "callbacks.wandb_panel=null",
             "trainer.max_epochs=2",
             "trainer.num_sanity_val_steps=0",
+            "test_last=true",
         ]
     )
     return train(cfg) | {"root": root}
@@ -71,6 +75,22 @@ def test_eval_of_the_test_split_matches_test_after_fit(trained, tmp_path):
     payload = evaluate(eval_config(tmp_path, f"checkpoint={trained['best_checkpoint']}"))
     assert payload["split"] == "test"
     assert payload["summary"]["mIoU"] == trained["test"]["mIoU"]
+
+
+def test_test_last_scores_the_final_weights_and_keeps_the_ap_histograms(trained, tmp_path):
+    """``test_last=true``: the final weights are tested too (what eval.py gives for last.ckpt), and each
+    test's AP histograms are saved, from which its AP is recomputed without the model."""
+    payload = evaluate(eval_config(tmp_path, f"checkpoint={trained['last_checkpoint']}"))
+    assert payload["summary"]["mIoU"] == trained["test_last"]["mIoU"]
+    assert payload["summary"]["mAP"] == pytest.approx(trained["test_last"]["mAP"], abs=1e-9)
+    run_dir = trained["root"] / "run"
+    for which in ("best", "last"):
+        saved = np.load(run_dir / f"test_ap_{which}.npz")
+        ap = average_precision_from_histograms(
+            torch.from_numpy(saved["positives"]), torch.from_numpy(saved["negatives"])
+        )
+        expected = trained["test" if which == "best" else "test_last"]["AP"]
+        assert ap.tolist() == pytest.approx(list(expected.values()), nan_ok=True)
 
 
 def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
