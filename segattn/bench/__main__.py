@@ -132,16 +132,21 @@ def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) ->
 
 def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
     from .accuracy import AccuracySettings, default_variants, run
+    from .arms import experiment_table
 
     values = preset(args, "accuracy", device)
     budget = values.get("budget_gib")
+    table = experiment_table(values["experiment"], values.get("overrides") or [])
+    if values.get("variants"):
+        variants = [parse_spec(text) for text in values["variants"]]
+    elif table is not None:  # the arms the experiment file lists
+        variants = table.arms
+    else:
+        variants = [parse_spec(text) for text in default_variants(args.smoke, values["experiment"])]
     settings = AccuracySettings(
         experiment=values["experiment"],
-        variants=[
-            parse_spec(text)
-            for text in values.get("variants") or default_variants(args.smoke, values["experiment"])
-        ],
-        seeds=values["seeds"],
+        variants=variants,
+        seeds=table.seeds if table is not None and args.seeds is None else values["seeds"],
         overrides=values.get("overrides") or [],
         jobs=values.get("jobs", 1),
         repeats=values["repeats"],

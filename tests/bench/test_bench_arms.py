@@ -1,0 +1,39 @@
+"""The arms of an accuracy table read from its experiment file (segattn/bench/arms.py)."""
+
+import pytest
+
+from segattn.bench.accuracy import spec_overrides
+from segattn.bench.arms import experiment_table
+
+ROOT = ["data.root=../shared/data/idrid"]  # composing does not read the folder
+
+
+def test_the_idrid_resolution_table_keeps_the_field_of_view_of_every_arm():
+    table = experiment_table("idrid_resolution_cpu", ROOT)
+    assert table is not None and table.seeds == [0, 1]
+    assert [arm.label for arm in table.arms] == ["linear", "linear-x2", "linear-x4", "flatten", "sra"]
+    for arm in table.arms:
+        factor = arm.options.get("data.downsample", 1)
+        crop = arm.options.get("data.crop_size", [512, 512])
+        stride = arm.options.get("inference.stride", [384, 384])
+        assert [side * factor for side in crop] == [512, 512]  # 512 native pixels of view in every arm
+        assert [4 * s for s in stride] == [3 * side for side in crop]  # the same overlap fraction
+    overrides = spec_overrides(table.arms[1])
+    assert overrides[0] == "attention=linear" and "data.downsample=2" in overrides
+
+
+def test_an_experiment_without_a_table_has_none():
+    assert experiment_table("accuracy_smoke", []) is None
+
+
+@pytest.mark.parametrize(
+    ("arm", "message"),
+    [
+        ('["attention=nosuch"]', "table.arms.bad: attention=nosuch; expected one of"),
+        ('["data.downsample=2"]', "table.arms.bad: attention=None; expected one of"),
+        ('["attention"]', "table.arms.bad: 'attention' is not key=value"),
+    ],
+)
+def test_a_bad_arm_is_one_line_naming_it(arm, message):
+    with pytest.raises(ValueError, match="experiment idrid_resolution_cpu: " + message.replace("(", r"\(")):
+        experiment_table("idrid_resolution_cpu", [*ROOT, f"+table.arms.bad={arm}"])
