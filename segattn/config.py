@@ -161,7 +161,7 @@ DATA: dict[str, Rule] = {
     "data.batch_size": ("an integer >= 1", int_at_least(1)),
     "data.val_batch_size": ("an integer >= 1", int_at_least(1)),
     "data.num_workers": ("an integer >= 0", int_at_least(0)),
-    "data.crop_size": (SIZE, positive_size),
+    "data.crop_size": (f"{SIZE}, or null (train on whole images)", optional_size),
     "data.image_size": (SIZE, positive_size),
     "data.window_size": (SIZE, positive_size),
     "data.windows_per_split": ("an integer >= 1", int_at_least(1)),

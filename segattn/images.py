@@ -103,6 +103,17 @@ def read_image(path: str | Path) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
+def read_image_size(path: str | Path) -> tuple[int, int]:
+    """(height, width) of an image file from its header, without decoding the pixels; a file Pillow cannot
+    open is read whole, so that its DataError names the problem."""
+    try:
+        with Image.open(path) as image:
+            width, height = image.size
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        height, width = read_image(path).shape[:2]
+    return int(height), int(width)
+
+
 def read_mask(path: str | Path) -> np.ndarray:
     """Raw label values [H, W] as stored (uint8, or uint16 for 16-bit PNGs); palette PNGs give indices.
 

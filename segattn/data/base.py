@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..images import IGNORE_INDEX, Color, DataError, read_image
+from ..images import IGNORE_INDEX, Color, DataError, read_image, read_image_size
 from .transforms import build_eval_transform
 
 Transform = Callable[..., dict[str, Any]]  # albumentations-style: transform(image=, mask=) -> dict
@@ -56,6 +56,12 @@ class SegDatasetBase(Dataset):
     def describe(self, index: int) -> str:
         """The path reported with the item and in errors."""
         raise NotImplementedError
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        """(height, width) of item ``index``'s image before the transform; datasets of files read it from
+        the header without decoding (``data.crop_size=null`` checks every training image's size)."""
+        height, width = self.load_image(index).shape[:2]
+        return int(height), int(width)
 
     def check_sizes(self, index: int, image: np.ndarray, mask: np.ndarray) -> None:
         """Raise DataError unless image and mask cover the same pixel grid."""
@@ -111,6 +117,9 @@ class SegDataset(SegDatasetBase):
 
     def load_image(self, index: int) -> np.ndarray:
         return read_image(self.samples[index].image)
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        return read_image_size(self.samples[index].image)
 
     def load_mask(self, index: int) -> np.ndarray:
         sample = self.samples[index]

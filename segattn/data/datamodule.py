@@ -42,6 +42,30 @@ def seg_collate(batch: list[dict[str, Any]], ignore_index: int = IGNORE_INDEX) -
     return {"image": images, "mask": masks, "path": [item["path"] for item in batch]}
 
 
+def whole_image_collate(
+    batch: list[dict[str, Any]], ignore_index: int = IGNORE_INDEX, size_divisor: int = 1
+) -> dict[str, Any]:
+    """Stack whole images of one size (``data.crop_size=null``), padded at the bottom/right to a multiple of
+    ``size_divisor`` (the model's stride): images with 0, masks with ``ignore_index``. A batch of mixed
+    sizes is a ValueError naming two of them."""
+    sizes = {tuple(item["image"].shape[1:]): item["path"] for item in batch}
+    if len(sizes) > 1:
+        (size, path), (other, other_path) = list(sizes.items())[:2]
+        raise ValueError(
+            f"data.crop_size=null trains on whole images, but a batch holds images of {list(size)} ({path}) "
+            f"and {list(other)} ({other_path}) pixels; whole-image batches need one size: set "
+            "data.batch_size=1, or data.crop_size=[H,W] to train on crops"
+        )
+    (height, width), step = next(iter(sizes)), size_divisor
+    padded_h, padded_w = -(-height // step) * step, -(-width // step) * step
+    images = torch.zeros(len(batch), 3, padded_h, padded_w, dtype=batch[0]["image"].dtype)
+    masks = torch.full((len(batch), padded_h, padded_w), ignore_index, dtype=torch.long)
+    for i, item in enumerate(batch):  # [3, H, W] -> top left of [3, padded_h, padded_w]
+        images[i, :, :height, :width] = item["image"]
+        masks[i, :height, :width] = item["mask"]
+    return {"image": images, "mask": masks, "path": [item["path"] for item in batch]}
+
+
 class SegDataModule(pl.LightningDataModule):
     """Train/val/test loaders for dataset ``name`` under ``root``.
 
@@ -52,6 +76,11 @@ class SegDataModule(pl.LightningDataModule):
     ``num_classes`` is optional: the dataset's classes (e.g. a folder's classes.json) set the count, and
     a given value only guards against training with the wrong number, so it must agree.
     Shuffling is left to the DataLoader so Lightning can swap in a DistributedSampler under DDP.
+
+    ``crop_size=None`` (``data.crop_size=null``) trains on whole images: no random scale or crop (flips,
+    rotation and colour still apply; a dataset read at ``downsample`` is shrunk first), each batch padded
+    to a multiple of ``size_divisor`` (the training run sets the model's stride) and made of images of
+    one size; ``whole_image_sizes`` refuses a split of mixed sizes when ``batch_size`` > 1.
     """
 
     def __init__(
@@ -64,7 +93,7 @@ class SegDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         persistent_workers: bool = False,
         pin_memory: bool = False,
-        crop_size: int | Sequence[int] = (512, 512),
+        crop_size: int | Sequence[int] | None = (512, 512),
         base_size: Sequence[int] | None = None,
         ratio_range: Sequence[float] = (0.5, 2.0),
         cat_max_ratio: float = 0.75,
@@ -79,6 +108,7 @@ class SegDataModule(pl.LightningDataModule):
         val_split: str = "val",
         test_split: str = "test",
         validate: bool = False,
+        size_divisor: int = 1,
         **options: Any,
     ):
         super().__init__()
@@ -102,7 +132,15 @@ class SegDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
         self.validate = validate
-        self.crop_size, self.ratio_range = as_hw(crop_size, "data.crop_size"), list(ratio_range)
+        self.crop_size = None if crop_size is None else as_hw(crop_size, "data.crop_size")
+        self.ratio_range = list(ratio_range)
+        if crop_size is None and base_size is not None:
+            raise ValueError(
+                f"data.base_size={list(base_size)} with data.crop_size=null: whole images are trained at "
+                "their own size; set data.base_size=null (data.downsample shrinks a folder dataset), or "
+                "data.crop_size=[H,W] to train on rescaled crops"
+            )
+        self.size_divisor = size_divisor  # whole-image batches are padded to a multiple of it
         self.reads_windows = bool(getattr(self.source, "reads_windows", False))  # crops read as windows
         self.train_transform = build_train_transform(
             crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,
@@ -146,6 +184,36 @@ class SegDataModule(pl.LightningDataModule):
                 + f"\nSee `python -m segattn.doctor data={self.name} data.root=...` for the full report."
             )
 
+    def whole_image_sizes(self) -> dict[tuple[int, int], list[str]]:
+        """``crop_size=None``: the training images by (height, width) as the model sees them before
+        padding (read from the file headers). With ``batch_size`` > 1 a split of several sizes is one
+        ValueError naming the sizes and the settings that fix it."""
+        if "train" not in self.datasets:
+            self.setup("fit")
+        dataset = self.datasets["train"]
+        sizes: dict[tuple[int, int], list[str]] = {}
+        for index in range(len(dataset)):
+            sizes.setdefault(dataset.image_size(index), []).append(dataset.describe(index))
+        if self.batch_size > 1 and len(sizes) > 1:
+            ranked = sorted(sizes.items(), key=lambda entry: -len(entry[1]))
+            shown = ", ".join(f"{list(size)} ({len(paths)}, e.g. {paths[0]})" for size, paths in ranked[:3])
+            more = f" and {len(ranked) - 3} more" if len(ranked) > 3 else ""
+            raise ValueError(
+                f"data.crop_size=null with data.batch_size={self.batch_size}: a batch of whole images needs "
+                f"one size, but split {self.splits['train']!r} has {len(sizes)} image sizes [H, W]: "
+                f"{shown}{more}; set data.batch_size=1, make the images one size, or set "
+                "data.crop_size=[H,W] to train on crops"
+            )
+        return sizes
+
+    def collate(self, role: str) -> Any:
+        """The collate function of ``role``'s loader: whole-image batches for training with
+        ``crop_size=None``, else every item padded to the largest (``seg_collate``)."""
+        if role == "train" and self.crop_size is None:
+            divisor = self.size_divisor
+            return partial(whole_image_collate, ignore_index=self.ignore_index, size_divisor=divisor)
+        return partial(seg_collate, ignore_index=self.ignore_index)
+
     def _rank(self) -> int:
         trainer = getattr(self, "trainer", None)
         return trainer.global_rank if trainer is not None else 0
@@ -168,7 +236,7 @@ class SegDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers,
             pin_memory=self.pin_memory,
-            collate_fn=partial(seg_collate, ignore_index=self.ignore_index),
+            collate_fn=self.collate(role),
             worker_init_fn=WorkerSeeder(rank) if self.num_workers > 0 else None,
             **resumable,
         )

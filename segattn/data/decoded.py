@@ -31,13 +31,17 @@ from .base import Sample
 FOREGROUND_SAMPLE = 16384  # positions kept per class and image: plenty to draw crop centres from
 
 
+def shrunk_size(height: int, width: int, factor: int) -> tuple[int, int]:
+    """The size of a ``height`` × ``width`` image shrunk by ``factor``: each side rounded, at least 1."""
+    return max(1, round(height / factor)), max(1, round(width / factor))
+
+
 def shrink_image(image: np.ndarray, factor: int) -> np.ndarray:
     """``image`` [H, W, 3] shrunk by ``factor`` (area averaging) to (round(H/f), round(W/f))."""
     if factor == 1:
         return image
-    height, width = image.shape[:2]
-    size = (max(1, round(width / factor)), max(1, round(height / factor)))
-    return cv2.resize(np.ascontiguousarray(image), size, interpolation=cv2.INTER_AREA)
+    height, width = shrunk_size(*image.shape[:2], factor)
+    return cv2.resize(np.ascontiguousarray(image), (width, height), interpolation=cv2.INTER_AREA)
 
 
 def shrink_mask(mask: np.ndarray, factor: int) -> np.ndarray:
@@ -45,8 +49,8 @@ def shrink_mask(mask: np.ndarray, factor: int) -> np.ndarray:
     most of its area (ties go to the smaller value)."""
     if factor == 1:
         return mask
-    height, width = mask.shape
-    size = (max(1, round(width / factor)), max(1, round(height / factor)))
+    height, width = shrunk_size(*mask.shape, factor)
+    size = (width, height)
     values = np.unique(mask)
     cover = np.stack(
         [cv2.resize((mask == v).astype(np.float32), size, interpolation=cv2.INTER_AREA) for v in values]

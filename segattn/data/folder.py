@@ -9,7 +9,7 @@ from ..images import CLASSES_FILE, IMAGE_SUFFIXES, ClassList, Color, DataError, 
 from .base import FileLayout, Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
 from .labels import ColorMap, LabelMap
-from .windows import ReducedDataset, WindowCropDataset
+from .windows import ReducedDataset, WholeImageDataset, WindowCropDataset
 
 
 def files_by_stem(folder: Path) -> dict[str, Path]:
@@ -112,10 +112,15 @@ class FolderLayout(FileLayout):
         )  # fmt: skip
 
     def window_dataset(
-        self, split: str, transform: Transform, crop_size: tuple[int, int], ratio_range: list[float]
-    ) -> WindowCropDataset:
-        """Training items: ``transform`` after a window crop (see the class docstring)."""
+        self, split: str, transform: Transform, crop_size: tuple[int, int] | None, ratio_range: list[float]
+    ) -> WindowCropDataset | WholeImageDataset:
+        """Training items: ``transform`` after a window crop (see the class docstring); with ``crop_size``
+        None (``data.crop_size=null``) the whole image, shrunk by ``downsample``."""
         samples = super().dataset(split, transform).samples  # the same checks as every split
+        if crop_size is None:
+            return WholeImageDataset(
+                samples, self.classes, self.palette, transform, self.cache, self.downsample, self.ignore_index
+            )
         return WindowCropDataset(
             samples, self.classes, self.palette, transform, self.cache, crop_size, self.downsample,
             ratio_range, self.foreground_prob, self.background_class, self.ignore_index,

@@ -107,6 +107,10 @@ class RasterWindows(SegDatasetBase):
         sample, window = self.windows[index]
         return f"{self.samples[sample].image} at {describe_window(window)}"
 
+    def image_size(self, index: int) -> tuple[int, int]:
+        top, bottom, left, right = self.windows[index][1]
+        return bottom - top, right - left
+
     def load_image(self, index: int) -> np.ndarray:
         sample, window = self.windows[index]
         try:

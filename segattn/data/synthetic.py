@@ -127,6 +127,9 @@ class SyntheticDataset(SegDatasetBase):
     def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         return render_scene(self.scene(index), self.size)
 
+    def image_size(self, index: int) -> tuple[int, int]:
+        return self.size
+
     def load_image(self, index: int) -> np.ndarray:
         return self.load(index)[0]
 

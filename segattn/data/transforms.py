@@ -3,7 +3,9 @@
 Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip (→ VerticalFlip → Rotate, when set) →
 photometric distortion → Normalize → pad to the crop size (image 0, i.e. the mean colour after
 normalisation; mask ignore index). Datasets that read crop windows themselves (``windows.py``) get the same
-pipeline without the resize and the crop.
+pipeline without the resize and the crop. Whole images (``crop_size=None``, ``data.crop_size=null``): no
+resize, crop or padding; flips, rotation and photometric distortion still apply, and the collate function
+pads each batch to the model's stride.
 Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values;
 OpenCV's INTER_NEAREST_EXACT samples at pixel centres like INTER_LINEAR (plain INTER_NEAREST is shifted by
 up to half a source pixel, which misaligns masks when downscaling).
@@ -110,7 +112,7 @@ class CatMaxRatioCrop(BaseCrop):
 
 
 def build_train_transform(
-    crop_size: int | Sequence[int],
+    crop_size: int | Sequence[int] | None,
     ratio_range: Sequence[float] = (0.5, 2.0),
     base_size: Sequence[int] | None = None,
     cat_max_ratio: float = 0.75,
@@ -123,10 +125,14 @@ def build_train_transform(
     rotate: float = 0.0,
     cropped: bool = False,
 ) -> A.Compose:
-    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares). ``rotate``: the
-    largest angle in degrees of a random rotation (half the items; corners filled with 0 and the ignore
-    index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no crop)."""
-    h, w = as_hw(crop_size, "data.crop_size")
+    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares), or None for whole
+    images (no resize, crop or padding: ``ratio_range``, ``base_size`` and ``cat_max_ratio`` are unused).
+    ``rotate``: the largest angle in degrees of a random rotation (half the items; corners filled with 0
+    and the ignore index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no
+    crop)."""
+    whole = crop_size is None
+    h, w = (0, 0) if whole else as_hw(crop_size, "data.crop_size")
+    cropped = cropped or whole
     steps: list[Any] = []
     if not cropped and (base_size is not None or tuple(ratio_range) != (1.0, 1.0)):
         steps.append(RandomResize(ratio_range, base_size))
@@ -143,12 +149,13 @@ def build_train_transform(
     if photometric:
         # mmseg PhotoMetricDistortion ranges: brightness ±32/255, contrast and saturation 0.5..1.5, hue ±18°
         steps.append(A.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.1, p=0.5))
-    steps += [
-        A.Normalize(mean=tuple(mean), std=tuple(std)),
-        A.PadIfNeeded(
-            h, w, position="top_left", border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index
-        ),
-    ]
+    steps.append(A.Normalize(mean=tuple(mean), std=tuple(std)))
+    if not whole:
+        steps.append(
+            A.PadIfNeeded(
+                h, w, position="top_left", border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index
+            )
+        )
     return A.Compose(steps)
 
 

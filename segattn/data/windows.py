@@ -30,9 +30,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..images import IGNORE_INDEX, Color
+from ..images import IGNORE_INDEX, Color, read_image_size
 from .base import Sample, SegDatasetBase, Transform
-from .decoded import DecodedCache
+from .decoded import DecodedCache, shrunk_size
 
 
 class CachedDataset(SegDatasetBase):
@@ -56,6 +56,10 @@ class CachedDataset(SegDatasetBase):
 
     def describe(self, index: int) -> str:
         return str(self.samples[index].image)
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        """The size of the image shrunk by ``factor``, from the source file's header."""
+        return shrunk_size(*read_image_size(self.samples[index].image), self.factor)
 
 
 class WindowCropDataset(CachedDataset):
@@ -114,6 +118,18 @@ class WindowCropDataset(CachedDataset):
             mask = cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST_EXACT)
         out = self.transform(image=image, mask=mask)
         return self.item(index, out["image"], out["mask"])
+
+
+class WholeImageDataset(CachedDataset):
+    """Training items of whole cached images, image and mask both shrunk by ``factor``
+    (``data.crop_size=null``), followed by ``transform`` (flips, rotation, colour, normalisation; no
+    scale or crop). The collate function pads a batch to the model's stride."""
+
+    def load_image(self, index: int) -> np.ndarray:
+        return np.asarray(self.cache.image(self.samples[index], self.factor))
+
+    def load_mask(self, index: int) -> np.ndarray:
+        return np.asarray(self.cache.mask(self.samples[index], self.factor))
 
 
 class ReducedDataset(CachedDataset):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_info
 
 from ..attention import AttentionBase, check_band_variant
 from ..data import SegDataModule
@@ -62,12 +63,28 @@ def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[in
     return {where: scaled_size(height, width, max(inference.scales))}
 
 
+def train_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
+    """The input sizes training will feed the model, by the config key (and file) that sets them: the crop,
+    or with ``data.crop_size=null`` each size of the training images (mixed sizes in batches of more than
+    one are refused here, before training starts)."""
+    if cfg.data.crop_size is not None:
+        crop = as_hw(cfg.data.crop_size, "data.crop_size")
+        return {f"data.crop_size={list(crop)}": crop}
+    sizes = datamodule.whole_image_sizes()
+    if cfg.inference.mode != "whole":
+        rank_zero_info(
+            f"data.crop_size=null trains on whole images while validation uses inference.mode="
+            f"{cfg.inference.mode}; set inference.mode=whole to validate and test on whole images too"
+        )
+    return {f"data.crop_size=null on {paths[0]}": size for size, paths in sizes.items()}
+
+
 def preflight(cfg: DictConfig, datamodule: SegDataModule, model: Segmentor) -> None:
     """Fail before training: missing or empty splits, bad files (``data.validate``), sizes the model
-    cannot take. Errors name the file or config key and what was expected."""
+    cannot take, whole-image batches of mixed sizes. Errors name the file or config key and what was
+    expected."""
     datamodule.setup("fit")
-    crop = as_hw(cfg.data.crop_size, "data.crop_size")
-    sizes = {f"data.crop_size={list(crop)}": crop}
+    sizes = train_sizes(cfg, datamodule)
     sizes.update(eval_sizes(cfg, datamodule))
     for where, size in sizes.items():
         check_token_limit(model, size, where)

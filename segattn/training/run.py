@@ -195,6 +195,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     resumed = read_checkpoint(resume_from, "ckpt_path") if resume_from else None
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
+    datamodule.size_divisor = module.model.stride  # whole-image batches are padded as the model pads
     if resumed is not None:  # the same architecture, or one line naming each difference
         check_resumable(resumed, module.model.config, resume_from)
         finished = nothing_left_to_train(resumed, cfg.trainer.max_epochs, cfg.trainer.max_steps)
