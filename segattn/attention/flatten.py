@@ -85,10 +85,9 @@ class FocusedLinearAttention(ReducedKeysAttention):
             size = (self.position_size, self.position_size)
             k = k + resample_grid_embedding(self.positional_encoding, size, kv_hw)
         local = self.local_context(v, kv_hw, hw)  # [B, h, N, d]
-        if (
-            use_fused(self.kernel_backend) and self.sr_ratio == 1
-        ):  # one autograd node; needs as many keys as queries
-            triton = use_triton(self.kernel_backend, q, self.head_dim)
+        # one autograd node (or Triton operator); needs as many keys as queries
+        triton = self.sr_ratio == 1 and use_triton(self.kernel_backend, q, self.head_dim)
+        if triton or (use_fused(self.kernel_backend) and self.sr_ratio == 1):
             return (focused_attention_triton if triton else focused_attention_fused)(
                 q,
                 k,

@@ -7,10 +7,11 @@ Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript t
 
 Each linear function has two fast paths taken in eager mode, chosen by ``backend`` (an attention module
 passes the ``kernel_backend`` it read when built; None reads the environment now): the Triton kernels
-(``triton/``: CUDA tensors by default) and the PyTorch Functions (``fused/kernel.py``: an autograd
-Function that writes fewer intermediates and recomputes feature maps in backward). While tracing, exporting
-or compiling, and for a ``"plain"`` backend (SEGATTN_FUSED=0; ``fused_switch.use_fused``), the plain code
-below runs instead, so exporters and compilers see ordinary ops.
+(``triton/``: CUDA tensors by default; torch operators, so ``torch.compile`` keeps them) and the PyTorch
+Functions (``fused/kernel.py``: an autograd Function that writes fewer intermediates and recomputes feature
+maps in backward). While tracing, exporting or (short of the Triton path) compiling, and for a ``"plain"``
+backend (SEGATTN_FUSED=0; ``fused_switch.use_fused``), the plain code below runs instead, so exporters and
+compilers see ordinary ops.
 """
 
 from __future__ import annotations
@@ -86,15 +87,16 @@ def efficient_attention(
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
-    if not use_fused(backend) or (
-        normalization == "softmax" and tokens_split()
-    ):  # key softmax over all tokens
+    key_softmax = normalization == "softmax"
+    if key_softmax and tokens_split():  # the key softmax runs over all tokens
         return _efficient_attention(q, k, v, normalization)
     if triton_path(backend, q):
         scale = token_count(k.shape[-2]) ** -0.5
-        maps = ("softmax_channels", "softmax_tokens") if normalization == "softmax" else ("identity",) * 2
+        maps = ("softmax_channels", "softmax_tokens") if key_softmax else ("identity",) * 2
         phi_q, phi_k = (FeatureMap(name, scale) for name in maps)
         return kernel_attention_triton(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
+    if not use_fused(backend):
+        return _efficient_attention(q, k, v, normalization)
     if normalization == "softmax":
         phi_q, phi_k = Softmax(-1), Softmax(-2)
     else:
@@ -128,11 +130,11 @@ def linear_attention(
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
-    if not use_fused(backend):
-        return _linear_attention(q, k, v, feature_map, eps)
     if triton_path(backend, q):
         kernel_map = FeatureMap(feature_map)
         return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps)
+    if not use_fused(backend):
+        return _linear_attention(q, k, v, feature_map, eps)
     phi = EluPlusOne() if feature_map == "elu" else Relu()
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
 
@@ -153,11 +155,11 @@ def taylor_attention(
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
-    if not use_fused(backend):
-        return _taylor_attention(q, k, v, eps)
     if triton_path(backend, q):
         kernel_map = FeatureMap("l2", eps=eps)
         return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps, taylor_term=True)
+    if not use_fused(backend):
+        return _taylor_attention(q, k, v, eps)
     phi = L2Normalize(eps)
     return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps, taylor_term=True)
 
@@ -194,14 +196,14 @@ def focused_linear_attention(
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
-    if not use_fused(backend):
-        return _focused_linear_attention(q, k, v, eps)
     factor = 1.0 / token_count(k.shape[-2])
     if triton_path(backend, q):
         kernel_map = FeatureMap("identity")
         return kernel_attention_triton(
             q, k, v, phi_q=kernel_map, phi_k=kernel_map, context_scale=factor, eps=eps
         )
+    if not use_fused(backend):
+        return _focused_linear_attention(q, k, v, eps)
     identity = Scale(1.0)
     return kernel_attention_fused(q, k, v, phi_q=identity, phi_k=identity, context_scale=factor, eps=eps)
 

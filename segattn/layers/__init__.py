@@ -3,7 +3,7 @@ of a learned per-position embedding between grids), the channels-last depthwise 
 and SEGATTN_KERNEL switches between plain formulas, fused PyTorch Functions and Triton kernels."""
 
 from .depthwise import depthwise_conv
-from .fused_switch import FUSED_ENV, KERNEL_ENV, kernel_backend, use_fused
+from .fused_switch import FUSED_ENV, KERNEL_ENV, exporting, kernel_backend, use_fused
 from .grid import HW, from_grid, interpolation_matrix, resample_grid, resample_grid_embedding, to_grid
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "HW",
     "KERNEL_ENV",
     "depthwise_conv",
+    "exporting",
     "from_grid",
     "interpolation_matrix",
     "kernel_backend",

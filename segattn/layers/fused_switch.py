@@ -59,14 +59,21 @@ def kernel_backend() -> str:
     return value
 
 
-def tracing() -> bool:
-    """Whether the call is being traced, scripted, exported or compiled: those see the plain ops."""
+def exporting() -> bool:
+    """Whether the call is being traced, scripted or exported (TorchScript, ONNX, ``torch.export``): exported
+    files hold the plain ops only, never the fused Functions or the Triton operators."""
     return (
         torch.jit.is_tracing()
         or torch.jit.is_scripting()
         or torch.onnx.is_in_onnx_export()
-        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
     )
+
+
+def tracing() -> bool:
+    """Whether the call is being traced, scripted, exported or compiled: those see the plain ops (the
+    Triton path's operators survive ``torch.compile``: ``attention.triton.use_triton``)."""
+    return exporting() or torch.compiler.is_compiling()
 
 
 def use_fused(backend: str | None = None) -> bool:

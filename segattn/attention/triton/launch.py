@@ -151,7 +151,8 @@ def context(k: Tensor, v: Tensor, phi: MapSpec, factor: float) -> Tensor:
         KIND=phi.kind, num_warps=blocks.num_warps, **blocks.constants(),
     )  # fmt: skip
     out = part[0] if splits == 1 else part.sum(dim=0)
-    out[:, :d].mul_(factor)
+    if factor != 1.0:  # 1 for every variant but FLatten's and pola's means
+        out[:, :d].mul_(factor)
     return out
 
 

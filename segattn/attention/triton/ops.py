@@ -1,0 +1,329 @@
+"""The Triton path as torch operators (``torch.library.custom_op``, namespace ``segattn``), so that
+``torch.compile`` keeps calling the kernels: an operator is one opaque node of the compiled graph (its
+``register_fake`` shapes let the compiler plan around it), where an autograd Function made it fall back
+to the plain formula. The autograd formulas are registered in ``functions.py``.
+
+Each attention is a forward operator that also returns what its backward reads (the extended contexts,
+1/den per token, the key softmax's statistics: empty where there are none) and backward operators. The
+generic kernel attention and FLatten's split their backward in two around the context gradient, which on
+a band of a split image is summed over the bands in between (``parallel.token_reducer``, captured in the
+forward); their forward sums the context itself. Operators take plain scalars: a feature map is its
+name (``FeatureMap.name``), scale and eps.
+
+- ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_query_backward -> (∂q,
+  ∂kv)``, ``kernel_attention_keys_backward -> (∂k, ∂v)``;
+- ``focused_attention(q, k, v, local, scale, ...) -> (out, kv, inv)``,
+  ``focused_attention_query_backward -> (∂q, ∂kv, ∂(1/softplus(scale)))``,
+  ``focused_attention_keys_backward -> (∂k, ∂v, ∂(1/softplus(scale)))``;
+- ``polarity_attention(q, k, v, power, eps) -> (out, kv₁, inv₁, kv₂, inv₂)``, ``polarity_attention_backward
+  -> (∂q, ∂k, ∂power, ∂v)`` (∂q, ∂k, ∂power empty where not needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.library import custom_op, register_fake
+
+from ...parallel import token_count, token_reducer
+from ..fused.buffers import empty_in_order
+from ..fused.polarity import polarity_backward
+from .launch import (
+    MapSpec,
+    apply,
+    context,
+    focus_backward,
+    focus_stats,
+    key_softmax_columns,
+    keys_backward,
+    query_backward,
+)
+
+MAP_KINDS = ("identity", "elu", "relu", "l2", "softmax_channels", "softmax_tokens")  # kernels.IDENTITY ...
+
+
+def map_spec(name: str, scale: float, eps: float, columns: Tensor | None = None) -> MapSpec:
+    """The kernels' map of a ``FeatureMap`` by name; ``columns``: the key softmax's statistics."""
+    spec = MapSpec(MAP_KINDS.index(name), scale=scale, eps=eps)
+    if name == "softmax_tokens":
+        d = columns.shape[-1]
+        spec = replace(spec, cols=columns, col_strides=(3 * d, 0, d))
+    return spec
+
+
+def heads_view(x: Tensor, heads: int) -> Tensor:
+    """[B, N, C] -> [B, h, N, d], a view."""
+    return x.unflatten(-1, (heads, x.shape[-1] // heads)).transpose(1, 2)
+
+
+def output_like(q: Tensor, v: Tensor) -> Tensor:
+    """One output row per query in v's dtype and memory order; keys/values may be fewer (PVT's reduction)."""
+    if v.shape[-2] == q.shape[-2]:
+        return empty_in_order(v, v.dtype)
+    return v.new_empty(q.shape[:-1] + v.shape[-1:])
+
+
+def floats(like: Tensor, *shape) -> Tensor:
+    return torch.empty(shape, dtype=torch.float32, device=like.device)
+
+
+def context_like(k: Tensor, d: int, dv: int) -> Tensor:
+    """An extended context's buffer, [B·h, d + 1, dv + 1] fp32, for k [B, h, N, ·]."""
+    return floats(k, k.shape[0] * k.shape[1], d + 1, dv + 1)
+
+
+@custom_op("segattn::kernel_attention", mutates_args=())
+def kernel_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    query_map: str,
+    query_scale: float,
+    query_eps: float,
+    key_map: str,
+    key_scale: float,
+    key_eps: float,
+    factor: float,
+    eps: float,
+    normalize: bool,
+    taylor: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    columns = key_softmax_columns(k) if key_map == "softmax_tokens" else floats(k, 0)
+    kv = token_reducer()(context(k, v, map_spec(key_map, key_scale, key_eps, columns), factor))
+    out = output_like(q, v)
+    inv = apply(q, kv, out, map_spec(query_map, query_scale, query_eps), eps, normalize, taylor)
+    return out, kv, inv if inv is not None else floats(q, 0), columns
+
+
+@register_fake("segattn::kernel_attention")
+def _(
+    q, k, v, query_map, query_scale, query_eps, key_map, key_scale, key_eps, factor, eps, normalize, taylor
+):
+    (batch, heads, tokens, d), dv = q.shape, v.shape[-1]
+    inv = floats(q, batch * heads, tokens) if normalize else floats(q, 0)
+    columns = floats(k, batch * heads, 3, d) if key_map == "softmax_tokens" else floats(k, 0)
+    return output_like(q, v), context_like(k, d, dv), inv, columns
+
+
+@custom_op("segattn::kernel_attention_query_backward", mutates_args=())
+def kernel_attention_query_backward(
+    q: Tensor,
+    grad: Tensor,
+    kv: Tensor,
+    inv: Tensor,
+    query_map: str,
+    query_scale: float,
+    query_eps: float,
+    normalize: bool,
+    taylor: bool,
+) -> tuple[Tensor, Tensor]:
+    grad_q = empty_in_order(q, q.dtype)
+    spec = map_spec(query_map, query_scale, query_eps)
+    grad_kv = query_backward(q, grad, kv, inv if normalize else None, grad_q, spec, taylor)
+    return grad_q, grad_kv
+
+
+@register_fake("segattn::kernel_attention_query_backward")
+def _(q, grad, kv, inv, query_map, query_scale, query_eps, normalize, taylor):
+    return empty_in_order(q, q.dtype), torch.empty_like(kv, memory_format=torch.contiguous_format)
+
+
+@custom_op("segattn::kernel_attention_keys_backward", mutates_args=())
+def kernel_attention_keys_backward(
+    k: Tensor,
+    v: Tensor,
+    kv: Tensor,
+    grad_kv: Tensor,
+    columns: Tensor,
+    key_map: str,
+    key_scale: float,
+    key_eps: float,
+    factor: float,
+    taylor: bool,
+) -> tuple[Tensor, Tensor]:
+    if key_map == "softmax_tokens":  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S: its row 2
+        d, dv = k.shape[-1], v.shape[-1]
+        columns = columns.clone()
+        columns[:, 2] = (grad_kv[:, :d, :dv] * kv[:, :d, :dv]).sum(dim=-1)
+    grad_k, grad_v = empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
+    keys_backward(
+        k, v, grad_kv, grad_k, grad_v, map_spec(key_map, key_scale, key_eps, columns), factor, taylor
+    )
+    return grad_k, grad_v
+
+
+@register_fake("segattn::kernel_attention_keys_backward")
+def _(k, v, kv, grad_kv, columns, key_map, key_scale, key_eps, factor, taylor):
+    return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
+
+
+def inverse_scale(scale: Tensor) -> Tensor:
+    """1/softplus(scale), [C] fp32."""
+    return F.softplus(scale.detach().float()).reciprocal_().contiguous()
+
+
+def focus_map(x: Tensor, inv_scale: Tensor, power: float, heads: int) -> MapSpec:
+    """FLatten's focusing map of x ([B, N, C]) with its per-token statistics computed."""
+    from .kernels import FOCUS
+
+    cols = (0, x.shape[-1] // heads, 0)  # channel c of head h is inv_scale[h·d + c]
+    stats = focus_stats(x, inv_scale, power)
+    return MapSpec(FOCUS, power=power, rows=stats, cols=inv_scale, col_strides=cols)
+
+
+@custom_op("segattn::focused_attention", mutates_args=())
+def focused_attention(
+    q: Tensor, k: Tensor, v: Tensor, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    inv_scale = inverse_scale(scale)
+    query_map, key_map = (focus_map(x, inv_scale, power, heads) for x in (q, k))
+    factor = 1.0 / token_count(k.shape[1])  # the whole image's sums
+    kv = token_reducer()(context(heads_view(k, heads), heads_view(v, heads), key_map, factor))
+    out = empty_in_order(v, v.dtype)
+    inv = apply(heads_view(q, heads), kv, heads_view(out, heads), query_map, eps, True, False, local)
+    return out, kv, inv
+
+
+@register_fake("segattn::focused_attention")
+def _(q, k, v, local, scale, power, eps, heads):
+    batch, tokens, d = q.shape[0], q.shape[1], q.shape[-1] // heads
+    return (
+        empty_in_order(v, v.dtype),
+        floats(q, batch * heads, d + 1, d + 1),
+        floats(q, batch * heads, tokens),
+    )
+
+
+@custom_op("segattn::focused_attention_query_backward", mutates_args=())
+def focused_attention_query_backward(
+    q: Tensor, grad: Tensor, kv: Tensor, inv: Tensor, scale: Tensor, power: float, heads: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    inv_scale = inverse_scale(scale)
+    query_map = focus_map(q, inv_scale, power, heads)
+    grad_f = floats(q, *q.shape)  # ∂L/∂f of the focused q: the focusing backward needs all heads of a token
+    grad_kv = query_backward(
+        heads_view(q, heads), heads_view(grad, heads), kv, inv, heads_view(grad_f, heads), query_map, False
+    )
+    grad_q = empty_in_order(q, q.dtype)
+    return grad_q, grad_kv, focus_backward(q, grad_f, inv_scale, query_map.rows, power, grad_q)
+
+
+@register_fake("segattn::focused_attention_query_backward")
+def _(q, grad, kv, inv, scale, power, heads):
+    return empty_in_order(q, q.dtype), torch.empty_like(kv), floats(q, q.shape[-1])
+
+
+@custom_op("segattn::focused_attention_keys_backward", mutates_args=())
+def focused_attention_keys_backward(
+    k: Tensor, v: Tensor, grad_kv: Tensor, scale: Tensor, power: float, heads: int, tokens: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    inv_scale = inverse_scale(scale)
+    key_map = focus_map(k, inv_scale, power, heads)
+    grad_f, grad_v = floats(k, *k.shape), empty_in_order(v, v.dtype)
+    keys_backward(
+        heads_view(k, heads),
+        heads_view(v, heads),
+        grad_kv,
+        heads_view(grad_f, heads),
+        heads_view(grad_v, heads),
+        key_map,
+        1.0 / tokens,
+        False,
+    )
+    grad_k = empty_in_order(k, k.dtype)
+    return grad_k, grad_v, focus_backward(k, grad_f, inv_scale, key_map.rows, power, grad_k)
+
+
+@register_fake("segattn::focused_attention_keys_backward")
+def _(k, v, grad_kv, scale, power, heads, tokens):
+    return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype), floats(k, k.shape[-1])
+
+
+def polarity_maps(power: Tensor) -> tuple[MapSpec, MapSpec, MapSpec]:
+    """PolaFormer's maps for the kernels: queries [φ(q), φ(−q)], keys [φ(k), φ(−k)] for the same-sign half
+    and [φ(−k), φ(k)] for the opposite-sign half; φ(x) = relu(x)^p with ``power`` p [h, d] fp32."""
+    from .kernels import POLARITY, POLARITY_SWAPPED
+
+    same = MapSpec(POLARITY, cols=power, col_strides=(0, power.shape[-1], 0), widening=2)
+    return same, same, replace(same, kind=POLARITY_SWAPPED)
+
+
+def halves(v: Tensor) -> tuple[slice, slice]:
+    """v's first and second half of channels: the same-sign and the opposite-sign attention's."""
+    half = v.shape[-1] // 2
+    return slice(None, half), slice(half, None)
+
+
+@custom_op("segattn::polarity_attention", mutates_args=())
+def polarity_attention(
+    q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
+    out, saved = output_like(q, v), []
+    for key_map, part in zip(key_maps, halves(v), strict=True):
+        kv = context(k, v[..., part], key_map, 1.0 / k.shape[-2])
+        saved += [kv, apply(q, kv, out[..., part], query_map, eps, True, False)]
+    return out, *saved
+
+
+@register_fake("segattn::polarity_attention")
+def _(q, k, v, power, eps):
+    (batch, heads, tokens, d), half = q.shape, v.shape[-1] // 2
+    contexts = [context_like(k, 2 * d, width) for width in (half, v.shape[-1] - half)]
+    inv = [floats(q, batch * heads, tokens) for _ in contexts]
+    return output_like(q, v), contexts[0], inv[0], contexts[1], inv[1]
+
+
+@custom_op("segattn::polarity_attention_backward", mutates_args=())
+def polarity_attention_backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    power: Tensor,
+    saved: list[Tensor],
+    needs: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(∂q, ∂k, ∂power, ∂v); ``saved``: the forward's kv₁, inv₁, kv₂, inv₂; ``needs``: whether ∂q, ∂k,
+    ∂power are wanted."""
+    query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
+    grad_v = empty_in_order(v, v.dtype)
+    grad_fq = grad_fk = None  # ∂φ(q), ∂φ(k) in [φ(x), φ(−x)] order, fp32, summed over the two halves
+    for i, (key_map, part) in enumerate(zip(key_maps, halves(v), strict=True)):
+        kv, inv = saved[2 * i], saved[2 * i + 1]
+        grad_phi_q = floats(q, *q.shape[:-1], 2 * q.shape[-1])
+        grad_kv = query_backward(q, grad[..., part], kv, inv, grad_phi_q, query_map, False)
+        grad_phi_k = floats(k, *k.shape[:-1], 2 * k.shape[-1])
+        keys_backward(
+            k, v[..., part], grad_kv, grad_phi_k, grad_v[..., part], key_map, 1.0 / k.shape[-2], False
+        )
+        if grad_fq is None:
+            grad_fq, grad_fk = grad_phi_q, grad_phi_k
+        else:  # the opposite-sign half's keys were laid out [φ(−k), φ(k)]
+            grad_fq += grad_phi_q
+            grad_fk += grad_phi_k.roll(k.shape[-1], dims=-1)
+    return (*fold_polarity(q, k, power, grad_fq, grad_fk, needs), grad_v)
+
+
+def fold_polarity(
+    q: Tensor, k: Tensor, power: Tensor, grad_fq: Tensor, grad_fk: Tensor, needs: list[bool]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """∂q, ∂k and ∂power (each empty where not needed) from ∂[φ(x), φ(−x)] of q and k (fp32)."""
+    p = power.float().unsqueeze(-2)  # [h, 1, d] against [B, h, N, d]
+    needs_q, needs_k, needs_power = needs
+    grad_q, power_from_q = polarity_backward(q.float(), p, grad_fq, needs_q, needs_power)
+    grad_k, power_from_k = polarity_backward(k.float(), p, grad_fk, needs_k, needs_power)
+    return (
+        grad_q.to(q.dtype) if needs_q else q.new_empty(0),
+        grad_k.to(k.dtype) if needs_k else k.new_empty(0),
+        (power_from_q + power_from_k).squeeze(-2).to(power.dtype) if needs_power else power.new_empty(0),
+    )
+
+
+@register_fake("segattn::polarity_attention_backward")
+def _(grad, q, k, v, power, saved, needs):
+    grad_fq, grad_fk = (floats(x, *x.shape[:-1], 2 * x.shape[-1]) for x in (q, k))
+    return (*fold_polarity(q, k, power, grad_fq, grad_fk, needs), empty_in_order(v, v.dtype))

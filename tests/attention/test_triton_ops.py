@@ -1,0 +1,190 @@
+"""The Triton path as torch operators (``segattn.attention.triton.ops``): ``torch.library.opcheck`` on every
+operator (schema, autograd registration, fake tensors against real results, AOT dispatch with dynamic
+shapes), ``torch.compile`` of a module on the Triton path keeping the operators (one graph, outputs and
+gradients as in eager), and exporters never seeing them.
+
+On the CPU through Triton's interpreter (this folder's conftest.py); with a CUDA device, compiled. Inputs
+are tiny: the interpreter runs programs one by one, and opcheck calls each operator several times.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+from attention_reference import build_perturbed
+from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from segattn.attention.triton import load_kernels, ops
+from segattn.attention.triton.functions import heads_view
+from segattn.layers import KERNEL_ENV
+
+DEVICE = torch.device("cpu" if load_kernels().INTERPRETED else "cuda")
+pytestmark = pytest.mark.usefixtures("exact_fp32")
+HEADS = 2
+
+
+def leaf(*shape: int, seed: int, grad: bool = True) -> Tensor:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    return x.requires_grad_(grad)
+
+
+def qkv(tokens: int, d: int, keys: int | None = None, grad: bool = True) -> list[Tensor]:
+    """q, k, v [1, h, N, d] as head views of [1, N, C] column blocks (k, v: ``keys`` tokens if given)."""
+    x = leaf(1, tokens, 3 * HEADS * d, seed=0, grad=grad)
+    q, k, v = (heads_view(t, HEADS) for t in x.chunk(3, dim=-1))
+    if keys is not None:
+        k, v = k[..., :keys, :], v[..., :keys, :]
+    return [q, k, v]
+
+
+def opcheck(op, args: tuple) -> None:
+    results = torch.library.opcheck(op, args, raise_exception=False)
+    failures = {test: str(result) for test, result in results.items() if result != "SUCCESS"}
+    assert not failures, failures
+
+
+SOFTMAX_MAPS = ("softmax_channels", 0.5, 0.0, "softmax_tokens", 0.5, 0.0)
+TAYLOR_MAPS = ("l2", 1.0, 1e-6, "l2", 1.0, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("maps", "options", "keys"),
+    [
+        (SOFTMAX_MAPS, (1.0, 0.0, False, False), None),  # efficient: unnormalised, key softmax statistics
+        (TAYLOR_MAPS, (1.0, 1e-6, True, True), None),  # taylor: normalised, β = Σv
+        (("identity", 1.0, 0.0) * 2, (1 / 3, 1e-6, True, False), 3),  # FLatten's mean, PVT's fewer keys
+    ],
+)
+def test_kernel_attention_operators_pass_opcheck(maps: tuple, options: tuple, keys: int | None) -> None:
+    q, k, v = qkv(5, 16, keys)
+    factor, _, normalize, taylor = options
+    opcheck(ops.kernel_attention, (q, k, v, *maps, *options))
+    with torch.no_grad():
+        out, kv, inv, columns = ops.kernel_attention(q, k, v, *maps, *options)
+    q, k, v = (t.detach() for t in (q, k, v))
+    grad = leaf(*out.shape, seed=1, grad=False)
+    opcheck(ops.kernel_attention_query_backward, (q, grad, kv, inv, *maps[:3], normalize, taylor))
+    grad_kv = leaf(*kv.shape, seed=2, grad=False)
+    opcheck(ops.kernel_attention_keys_backward, (k, v, kv, grad_kv, columns, *maps[3:], factor, taylor))
+
+
+def test_focused_attention_operators_pass_opcheck() -> None:
+    q, k, v = (leaf(1, 5, HEADS * 16, seed=i) for i in range(3))
+    local, scale = leaf(1, HEADS, 5, 16, seed=3), leaf(HEADS * 16, seed=4)
+    opcheck(ops.focused_attention, (q, k, v, local, scale, 3.0, 1e-6, HEADS))
+    with torch.no_grad():
+        out, kv, inv = ops.focused_attention(q, k, v, local, scale, 3.0, 1e-6, HEADS)
+    q, k, v, scale = (t.detach() for t in (q, k, v, scale))
+    grad = leaf(*out.shape, seed=5, grad=False)
+    opcheck(ops.focused_attention_query_backward, (q, grad, kv, inv, scale, 3.0, HEADS))
+    grad_kv = leaf(*kv.shape, seed=6, grad=False)
+    opcheck(ops.focused_attention_keys_backward, (k, v, grad_kv, scale, 3.0, HEADS, 5))
+
+
+@pytest.mark.parametrize(("keys", "needs"), [(None, [True, True, True]), (3, [False, True, False])])
+def test_polarity_attention_operators_pass_opcheck(keys: int | None, needs: list[bool]) -> None:
+    q, k, v = qkv(5, 8, keys)
+    power = (1.5 + torch.rand(HEADS, 8, generator=torch.Generator().manual_seed(7))).to(DEVICE)
+    power.requires_grad_()
+    opcheck(ops.polarity_attention, (q, k, v, power, 1e-6))
+    with torch.no_grad():
+        out, *saved = ops.polarity_attention(q, k, v, power, 1e-6)
+    q, k, v, power = (t.detach() for t in (q, k, v, power))
+    grad = leaf(*out.shape, seed=8, grad=False)
+    opcheck(ops.polarity_attention_backward, (grad, q, k, v, power, saved, needs))
+
+
+class SegattnOps(TorchDispatchMode):
+    """Records the names of the ``torch.ops.segattn`` operators called inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "segattn":
+            self.names.append(func._schema.name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+
+
+# (variant, options, its forward operator, its backward operators)
+COMPILED = [
+    ("linear", {}, "kernel_attention", ["kernel_attention_query_backward", "kernel_attention_keys_backward"]),
+    (
+        "flatten",
+        {},
+        "focused_attention",
+        ["focused_attention_query_backward", "focused_attention_keys_backward"],
+    ),
+    ("pola", {}, "polarity_attention", ["polarity_attention_backward"]),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "forward_op", "backward_ops"), COMPILED)
+def test_compiled_module_keeps_the_triton_operators(
+    monkeypatch: pytest.MonkeyPatch, name: str, options: dict, forward_op: str, backward_ops: list[str]
+) -> None:
+    """``torch.compile`` (fullgraph=False, AOT autograd) of a module built under SEGATTN_KERNEL=triton: one
+    graph holding the forward operator (no graph break, no plain formula), the backward operators in the
+    compiled backward, and eager's outputs and gradients."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    module = build_perturbed(name, options, 32, HEADS, 15).to(DEVICE)
+    assert module.kernel_backend == "triton"
+    hw, x = (3, 5), leaf(2, 15, 32, seed=9)
+    out = module(x, hw)
+    grads = torch.autograd.grad(out, [x, *module.parameters()], torch.ones_like(out))
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(copy.deepcopy(module), backend=counter, fullgraph=False)
+    compiled_out = compiled(x, hw)
+    with SegattnOps() as backward:
+        compiled_grads = torch.autograd.grad(
+            compiled_out, [x, *compiled.parameters()], torch.ones_like(compiled_out)
+        )
+    assert counter.frame_count == 1 and len(counter.graphs) == 1
+    targets = [str(n.target) for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if t.startswith("segattn.")] == [f"segattn.{forward_op}.default"]
+    assert backward.names == backward_ops
+    for actual, expected in zip([compiled_out, *compiled_grads], [out, *grads], strict=True):
+        assert relative_error(actual, expected) < 1e-5
+
+
+def test_exporters_see_the_plain_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built under SEGATTN_KERNEL=triton, a module exports (``torch.export``) and traces (TorchScript) to
+    plain ops: no segattn operator in either graph, and the same output as eager."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    module = build_perturbed("linear", {}, 32, HEADS, 15).to(DEVICE).eval()
+    x = leaf(1, 15, 32, seed=10, grad=False)
+    wrapper = Wrapper(module)
+    with SegattnOps() as eager:
+        expected = wrapper(x)
+    assert eager.names == ["kernel_attention"]
+    exported = torch.export.export(wrapper, (x,))
+    assert not [n for n in exported.graph.nodes if str(n.target).startswith("segattn.")]
+    traced = torch.jit.trace(wrapper, (x,), check_trace=False)
+    assert not [n for n in traced.inlined_graph.nodes() if n.kind().startswith("segattn::")]
+    for actual in (exported.module()(x), traced(x)):
+        assert relative_error(actual, expected) < 1e-5
+
+
+class Wrapper(torch.nn.Module):
+    """Tensor in, tensor out: the module on a 3×5 grid."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.module(x, (3, 5))
