@@ -6,6 +6,12 @@ applies the same overrides everywhere (``key=value``, ``group=option``, lists as
 predict and the data doctor write only where they are told, so they compose the same way without one.
 Console scripts (``segattn-train``, ...) point here, so they work from any directory, also after a
 non-editable install, which ships ``conf/`` inside the package.
+
+Every command has one error boundary, here at its entry (``run_command``, ``hydra_app``): a refusal a user
+can act on (``segattn.errors``: a ``SegattnError``, a known third-party failure it translates, or a
+ValueError / FileNotFoundError / FileExistsError of a check) is one line on stderr and the exit status
+``segattn.errors`` documents; anything else is a bug and keeps its traceback, as every error does under
+``HYDRA_FULL_ERROR=1``.
 """
 
 from __future__ import annotations
@@ -22,9 +28,8 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser  # the command line Hydra's main reads
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from . import runlog
 from .config import (
@@ -36,15 +41,12 @@ from .config import (
     config_dir,
     register_resolvers,
 )
+from .errors import EXIT_CONFIG, EXIT_FAILED, SegattnError, one_line, translate
 
-CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
+# What the checks raised before the project's error type: still refusals, said in one line.
+CHECK_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"  # how torch re-raises worker errors
 log = logging.getLogger("segattn")
-
-
-def one_line(error: BaseException) -> str:
-    """A Hydra / OmegaConf message on one line (they spread the key, the value and a hint over several)."""
-    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def user_message(error: BaseException) -> str:
@@ -59,6 +61,27 @@ def user_message(error: BaseException) -> str:
     start = max(index for index, line in enumerate(lines) if line and not line[0].isspace())
     qualified_name, _, message = "\n".join(lines[start:]).partition(": ")
     return message or qualified_name
+
+
+def full_error() -> bool:
+    """``HYDRA_FULL_ERROR=1``: developers get the traceback of a refusal instead of its one line."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def refusal(error: BaseException) -> SegattnError | None:
+    """``error`` as the refusal a user is told in one line, or None for a bug (its traceback is shown): a
+    project error, a known third-party failure (``errors.translate``: a full disk, a read-only folder, a
+    file that is no safetensors / ONNX / JSON, a Hydra or Lightning configuration error), or a check's
+    ValueError / FileNotFoundError / FileExistsError."""
+    said = translate(error)
+    if said is None and isinstance(error, CHECK_ERRORS):
+        said = SegattnError(str(error))
+    return said
+
+
+def said_line(said: SegattnError) -> str:
+    """The one line printed for a refusal (a DataLoader worker's error without its traceback)."""
+    return one_line(user_message(said))
 
 
 def usage(config_name: str) -> str:
@@ -156,8 +179,9 @@ def run_command(
     groups: Sequence[str] = (),
 ) -> int:
     """Compose, print ``--help`` or check the values (``config.check_values``), then ``run(cfg)``; returns
-    the exit status. A bad override, a missing required key or a bad value is one line on stderr and
-    status 2."""
+    the exit status. The command's error boundary: a bad override, a missing required key or a bad value is
+    one line on stderr and status 2; a refusal while it runs (``refusal``) one line and status 1 (or the
+    error's own ``status``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = any(arg in ("--help", "-h") for arg in argv)
     try:
@@ -166,10 +190,20 @@ def run_command(
             print(help_text(config_name, cfg, groups))
             return 0
         check_values(cfg, config_name)
-    except (*CONFIG_ERRORS, ValueError) as error:
-        print(f"{name}: {one_line(error)}", file=sys.stderr)
-        return 2
-    return run(cfg)
+    except Exception as error:
+        said = refusal(error)
+        if said is None or full_error():
+            raise
+        print(f"{name}: {said_line(said)}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return run(cfg)
+    except Exception as error:
+        said = refusal(error)
+        if said is None or full_error():
+            raise
+        print(f"{name}: {said_line(said)}", file=sys.stderr)
+        return said.status
 
 
 def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -178,8 +212,8 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
 
     Before Hydra makes the run dir, ``check_command_line`` refuses what Hydra would fail on or put in the
     wrong place. Inside the job, log-file records are held in memory (``runlog``) until the run commits,
-    once every check has passed. Errors a user can fix (``ValueError``, ``FileNotFoundError``: bad values,
-    missing files, bad data; ``FileExistsError``: a run dir another run holds) are one line on stderr and
+    once every check has passed. Errors a user can fix (``refusal``: bad values, missing files, bad data, a
+    full disk, a run dir another run holds) are one line on stderr and
     status 1; the held records are dropped and the run dir Hydra made is removed, with the parents it made
     under ``paths.log_dir``, while they are empty (so a run dir that already held a run is left as it was).
     An error from a DataLoader worker prints the worker's message, its traceback goes to the log;
@@ -201,14 +235,15 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
             remove_run_dir(cfg)
             print(f"{Path(sys.argv[0]).name}: {done}")
             return None
-        except (ValueError, FileNotFoundError, FileExistsError) as error:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                runlog.commit()
+        except Exception as error:
+            said = refusal(error)
+            if said is None or full_error():
+                runlog.commit()  # a crash keeps its log
                 raise
             runlog.discard()
             remove_run_dir(cfg)
-            print(f"{Path(sys.argv[0]).name}: {user_message(error)}", file=sys.stderr)
-            sys.exit(1)
+            print(f"{Path(sys.argv[0]).name}: {said_line(said)}", file=sys.stderr)
+            sys.exit(EXIT_FAILED)
         except BaseException:
             runlog.commit()  # a crash or an interrupted run keeps its log
             raise
@@ -218,11 +253,12 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     def app() -> Any:
         try:
             existed["folder"] = check_command_line(config_name, sys.argv[1:])
-        except (*CONFIG_ERRORS, ValueError) as error:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        except Exception as error:
+            said = refusal(error)
+            if said is None or full_error():
                 raise
-            print(f"{Path(sys.argv[0]).name}: {one_line(error)}", file=sys.stderr)
-            sys.exit(1)
+            print(f"{Path(sys.argv[0]).name}: {said_line(said)}", file=sys.stderr)
+            sys.exit(EXIT_FAILED)
         return main()
 
     register_resolvers()

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import ConfigError
 from .images import as_hw
 from .inference.tiling import MODES, NO_WINDOW
 
@@ -205,13 +206,30 @@ def slide_has_window(cfg: DictConfig) -> str | None:
     return None
 
 
+def stride_within_window(cfg: DictConfig) -> str | None:
+    """``inference.stride`` no larger than ``inference.crop`` on either side: a wider step skips pixels."""
+    crop, stride = (
+        plain(OmegaConf.select(cfg, "inference.crop")),
+        plain(OmegaConf.select(cfg, "inference.stride")),
+    )
+    if crop is None or stride is None or not (positive_size(crop) and positive_size(stride)):
+        return None  # the keys' own rules name a bad size
+    if any(step > side for step, side in zip(as_hw(stride), as_hw(crop), strict=True)):
+        return (
+            f"inference.stride={shown(stride)} is larger than inference.crop={shown(crop)}: the windows "
+            "would skip pixels; expected a stride <= the window (null: half the window)"
+        )
+    return None
+
+
+INFERENCE_SPANS = (slide_has_window, stride_within_window)
 SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
     "train": Schema(
-        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE}, (slide_has_window,)
+        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE}, INFERENCE_SPANS
     ),
     "eval": Schema(
         {**DATA, **INFERENCE, **THREADS, "num_examples": ("an integer >= 0", int_at_least(0))},
-        (slide_has_window,),
+        INFERENCE_SPANS,
     ),
     "predict": Schema(
         {
@@ -220,7 +238,7 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
             "stream": ("true or false", lambda v: isinstance(v, bool)),
         },
-        (slide_has_window,),
+        INFERENCE_SPANS,
     ),
     "export": Schema(
         {
@@ -243,6 +261,24 @@ RENAMED: dict[str, dict[str, str]] = {
     "predict": {key: f"inference.{key}" for key in INFERENCE_KEYS},
 }
 RENAMED["eval"] = RENAMED["train"]
+# Keys of another command typed on this one: the line says which key this command reads instead.
+MISPLACED: dict[str, dict[str, str]] = {
+    "train": {
+        "checkpoint": "train.py does not read checkpoint= (eval, export and predict do): use "
+        "ckpt_path={value} to resume that run or init_from={value} to fine-tune from its weights",
+    },
+    "eval": {
+        "ckpt_path": "eval.py scores checkpoint=<ckpt>: write checkpoint={value}",
+        "init_from": "eval.py scores checkpoint=<ckpt>: write checkpoint={value}",
+    },
+    "predict": {
+        "model": "segattn.predict runs checkpoint=<ckpt | exported dir | model.onnx>: write "
+        "checkpoint={value}"
+    },
+    "export": {"model": "segattn.export reads checkpoint=<ckpt | exported dir>: write checkpoint={value}"},
+}
+# Commands that build a network, so read SEGATTN_KERNEL / SEGATTN_FUSED (``check_kernel``).
+BUILDS_A_MODEL = ("train", "eval", "predict", "export")
 ABSENT = object()
 
 
@@ -264,15 +300,18 @@ def plain(node: Any) -> Any:
 
 def check_renamed(command: str, overrides: Sequence[str]) -> None:
     """A key ``command`` no longer reads, typed on its command line (``validation.crop_size=...``), is a
-    ValueError naming the key and the one that replaced it."""
-    renamed = RENAMED.get(command, {})
+    ConfigError naming the key and the one that replaced it; so is a key of another command
+    (``train.py checkpoint=``: resume with ckpt_path= or fine-tune with init_from=)."""
+    renamed, misplaced = RENAMED.get(command, {}), MISPLACED.get(command, {})
     problems = []
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
         if key in renamed:
             problems.append(f"{key} is now {renamed[key]}: write {renamed[key]}{sep}{value}")
+        elif key in misplaced:
+            problems.append(misplaced[key].format(value=value or "<file>"))
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ConfigError("; ".join(problems))
 
 
 def check_values(cfg: DictConfig, command: str) -> None:
@@ -282,7 +321,7 @@ def check_values(cfg: DictConfig, command: str) -> None:
     config before anything else (``segattn.cli``)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ValueError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
+        raise ConfigError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
     schema = SCHEMAS[command]
     problems = []
     for key, (expected, ok) in schema.rules.items():
@@ -291,9 +330,25 @@ def check_values(cfg: DictConfig, command: str) -> None:
             problems.append(f"{key}={shown(value)}: expected {expected}")
     problems += [problem for span in schema.spans if (problem := span(cfg)) is not None]
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ConfigError("; ".join(problems))
+    if command in BUILDS_A_MODEL:
+        check_kernel()
     if cfg.get("out") is not None:
         check_out_dir(Path(str(cfg.out)))
+
+
+def check_kernel() -> None:
+    """SEGATTN_KERNEL and SEGATTN_FUSED as a model built now reads them (``layers.kernel_backend``): a value
+    other than auto / torch / triton, or triton without triton installed or without a CUDA device and
+    TRITON_INTERPRET=1, is a ConfigError before anything is built or written. Unset, torch is not imported."""
+    if not (os.environ.get("SEGATTN_KERNEL") or os.environ.get("SEGATTN_FUSED")):
+        return
+    from .layers.fused_switch import kernel_backend
+
+    try:
+        kernel_backend()
+    except (ValueError, RuntimeError) as error:
+        raise ConfigError(str(error)) from None
 
 
 def check_out_dir(out: Path) -> None:

@@ -3,8 +3,10 @@ the new one under its name, never a partial file.
 
 A file is written to a hidden temporary file in the same folder (``.<name>.<pid>.<random>.tmp``), flushed
 and fsync'ed, renamed over the target with ``os.replace`` (atomic within one file system), and the folder
-is fsync'ed so that the rename itself survives a power loss. Standard library only:
-the lowest layer, imported by data, inference, checkpoints, evaluation, export and training alike.
+is fsync'ed so that the rename itself survives a power loss. A write the file system refuses (no space
+left, a read-only or not writable folder) is a ``DiskError`` naming the folder and the file, and leaves no
+temporary file. Standard library only: imported by data, inference, checkpoints, evaluation, export and
+training alike.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import disk_error, os_error
 
 
 def temp_files(path: Path) -> list[Path]:
@@ -49,15 +53,19 @@ def replacing(path: str | Path, sole_writer: bool = True) -> Iterator[Path]:
     killed earlier writers are removed first; False where several processes may fill the same file with
     the same content at once (a shared cache), each through its own temporary file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in temp_files(path) if sole_writer else []:
-        stale.unlink(missing_ok=True)
     temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in temp_files(path) if sole_writer else []:
+            stale.unlink(missing_ok=True)
         yield temp
         fsync_replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
+        cause = os_error(error)
+        if cause is not None:  # a full disk reads as "unexpected pos" from torch.save: say what it was
+            raise disk_error(cause, path) from error
         raise
 
 

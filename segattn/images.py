@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .errors import SegattnError
 from .files import atomic_write_text
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -36,7 +37,7 @@ _INT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
 Color = tuple[int, int, int]
 
 
-class DataError(ValueError):
+class DataError(SegattnError, ValueError):
     """A data file or folder is unusable; the message names it and says what was expected."""
 
     def __init__(self, message: str, path: str | Path | None = None):

@@ -2,9 +2,11 @@
 
     python -m segattn.predict checkpoint=<ckpt | exported dir | model.onnx> input=<file|dir|glob> out=<dir>
 
-Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. An ONNX model
-runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and safetensors
-directories. Unreadable images are named, skipped, and make the command exit with status 1 at the end.
+Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. Two inputs whose
+outputs would share a name (``a.png`` and ``a.jpg``) are refused, naming both, before anything is written.
+An ONNX model runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and
+safetensors directories. Unreadable images are named, skipped, and make the command exit with status 1 at
+the end.
 
 How an image is predicted is the ``inference`` config group, shared with train.py's validation and eval.py
 (``inference.mode=slide inference.crop=[512,512]``). In slide mode a TIFF input (GeoTIFF, BigTIFF) is
@@ -99,6 +101,22 @@ def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSetting
     return slide_settings(inference)
 
 
+def check_output_names(images: list[Path], rasters: list[Path], out: Path) -> None:
+    """Every input gets outputs of its own: an image ``masks/<stem>.png`` and ``overlays/<stem>.png``, a
+    streamed raster ``masks/<stem>.tif``; two inputs with one name (``a.png`` and ``a.jpg``, or one file name
+    in two folders of a glob) are a ValueError naming both, instead of the second overwriting the first."""
+    for files, suffix in ((images, ".png"), (rasters, ".tif")):
+        seen: dict[str, Path] = {}
+        for path in files:
+            name = f"{path.stem}{suffix}"
+            if name in seen:
+                raise ValueError(
+                    f"input: {seen[name]} and {path} would both be written as {out / 'masks' / name}; "
+                    "rename one, or predict them into different out= folders"
+                )
+            seen[name] = path
+
+
 def progress(items: list[Path], description: str) -> Iterator[Path]:
     """A rich progress bar when rich is installed (it is a segattn dependency); plain iteration otherwise."""
     try:
@@ -187,6 +205,8 @@ def run(args: DictConfig) -> int:
     try:
         files = find_images(args.input)
         rasters = [path for path in files if streams(path, args)]
+        images = [path for path in files if path not in rasters]
+        check_output_names(images, rasters, out)
         settings = raster_settings(inference, model_path) if rasters else None
         model = open_model(model_path, args.threads)
         predictor = (
@@ -197,13 +217,17 @@ def run(args: DictConfig) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
-    images = [path for path in files if path not in rasters]
     written, failed = predict_files(predictor, model.record, progress(images, "segmenting"), out, args.alpha)
+    streamed = 0
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)
-        written, failed = written + streamed, failed + raster_failures
-    views = f"overlays to {out / 'overlays'}" + (f", overviews to {out / 'overviews'}" if rasters else "")
-    print(f"segattn.predict: wrote {written} masks to {out / 'masks'} and {views}")
+        failed += raster_failures
+    views = [f"overlays to {out / 'overlays'}"] if written else []  # only what was written
+    views += [f"overviews to {out / 'overviews'}"] if streamed else []
+    print(
+        f"segattn.predict: wrote {written + streamed} masks to {out / 'masks'}"
+        + "".join(f" and {view}" for view in views)
+    )
     if failed:
         names = ", ".join(str(path) for path, _ in failed)
         print(f"segattn.predict: {len(failed)} unreadable image(s) skipped: {names}", file=sys.stderr)

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from torch import nn
 
+from ..errors import FileFormatError
 from ..files import atomic_write_text, replacing
 from ..images import CLASSES_FILE, read_classes, write_classes
 from ..record import MODEL_FILE, WEIGHTS_FILE, ModelRecord
@@ -93,6 +94,7 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, ModelRecord]:
 
 def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     """An exported directory: ``model.yaml`` (safe_load), ``model.safetensors`` and ``classes.json``."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_model as load_safetensors
 
     for name in (MODEL_FILE, WEIGHTS_FILE):
@@ -111,7 +113,14 @@ def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     check_plain_config(meta, source, "model.yaml")
     model = rebuild(meta["model"], source)
     weights = directory / WEIGHTS_FILE
-    load_weights(lambda: load_safetensors(model, weights, strict=False), str(weights))
+    try:
+        load_weights(lambda: load_safetensors(model, weights, strict=False), str(weights))
+    except SafetensorError as error:  # truncated, or not a safetensors file at all
+        raise FileFormatError(
+            f"{weights}: not a readable safetensors file ({error}); export it again with "
+            "python -m segattn.export format=safetensors",
+            weights,
+        ) from None
     data = dict(meta.get("data") or {})
     if (directory / CLASSES_FILE).is_file():
         spec = read_classes(directory / CLASSES_FILE)

@@ -35,9 +35,14 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
         head = handle.read(4)
     if head != ZIP_MAGIC:
         what = "an empty file" if size == 0 else f"a file of {size} bytes starting with {head!r}"
+        hint = (
+            f"; an exported model is opened by its folder: {key}={path.parent}"
+            if path.suffix == ".safetensors" and key == "checkpoint"
+            else ""
+        )
         raise ValueError(
             f"{key}={path}: not a segattn/Lightning checkpoint: {what}; expected a torch.save zip archive "
-            "such as <run dir>/checkpoints/last.ckpt"
+            f"such as <run dir>/checkpoints/last.ckpt{hint}"
         )
     if not zipfile.is_zipfile(path):
         raise ValueError(

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import SegattnError
 
-class ExportError(RuntimeError):
+
+class ExportError(SegattnError, RuntimeError):
     """An export that failed or did not reproduce PyTorch; the message names the variant and the cause."""
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import FileFormatError, one_line
 from ..record import ModelRecord
 from .tiling import default_stride, slide_windows
 
@@ -31,14 +32,22 @@ class OnnxSegmentor:
             raise FileNotFoundError(f"{self.path}: no such ONNX model (python -m segattn.export format=onnx)")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        again = "export it again with python -m segattn.export format=onnx"
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # onnxruntime's InvalidProtobuf, InvalidGraph, Fail: no ONNX model
+            raise FileFormatError(
+                f"{self.path}: not an ONNX model onnxruntime can load ({one_line(error)}); {again}", self.path
+            ) from None
         raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
         if raw is None:
-            raise ValueError(
-                f"{self.path}: no '{METADATA_KEY}' metadata (classes, mean, std); "
-                "export it with python -m segattn.export format=onnx"
-            )
-        self.record = ModelRecord.from_dict(json.loads(raw))
+            raise ValueError(f"{self.path}: no '{METADATA_KEY}' metadata (classes, mean, std); {again}")
+        try:
+            self.record = ModelRecord.from_dict(json.loads(raw))
+        except json.JSONDecodeError as error:
+            raise FileFormatError(
+                f"{self.path}: its '{METADATA_KEY}' metadata is not JSON ({error}); {again}", self.path
+            ) from None
         self.input_name = self.session.get_inputs()[0].name
         _, _, height, width = self.session.get_inputs()[0].shape
         self.fixed_size = (height, width) if isinstance(height, int) and isinstance(width, int) else None

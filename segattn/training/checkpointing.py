@@ -5,10 +5,14 @@
 Since Lightning 2.5, ``save_last=True`` writes last.ckpt only when a top-k checkpoint was saved in the
 same step: with ``monitor=val/mIoU, save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies
 would resume ten epochs back.
+
+A callback's ``monitor`` is checked against the metrics the run logs (``check_monitors``) before anything
+is built: Lightning finds a misspelt one only at the end of the first epoch, and saves nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,25 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from ..checkpoints.atomic import atomic_save
+from ..errors import ConfigError
+from ..evaluation.metrics import SUMMARY_KEYS
+
+# What a run logs that a callback can monitor: SegmentationModule.log_scores (every validation) and its
+# training step.
+MONITORED = (*(f"val/{name}" for name in (*SUMMARY_KEYS, "mAP")), "train/loss", "train/lr")
+
+
+def check_monitors(callbacks: Mapping[str, Any]) -> None:
+    """``callbacks.model_checkpoint.monitor`` and ``callbacks.early_stopping.monitor`` name a metric the run
+    logs (``MONITORED``); a ConfigError naming the key otherwise."""
+    for name in ("model_checkpoint", "early_stopping"):
+        options = callbacks.get(name) or {}
+        monitor = options.get("monitor")
+        if monitor is not None and monitor not in MONITORED:
+            raise ConfigError(
+                f"callbacks.{name}.monitor={monitor}: the run does not log this metric; expected one of "
+                f"{', '.join(MONITORED)}"
+            )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

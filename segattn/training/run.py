@@ -42,7 +42,7 @@ from ..models import build_model
 from ..record import ModelRecord
 from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel
-from .checkpointing import AtomicCheckpointIO, ResumableModelCheckpoint
+from .checkpointing import AtomicCheckpointIO, ResumableModelCheckpoint, check_monitors
 from .fsdp import FullyShardedStrategy
 from .guards import NonFiniteGuard
 from .losses import SegLoss
@@ -182,6 +182,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary.
     The run directory is held by this run alone while it trains (``rundir.run_dir_lock``)."""
     check_config(cfg)
+    check_monitors(plain(cfg.get("callbacks")) or {})
     run_dir = Path(cfg.paths.output_dir)
     with claim_run_dir(run_dir):
         return fit(cfg, run_dir)
