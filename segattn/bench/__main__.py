@@ -4,12 +4,17 @@ of each part (``all`` runs op, model and maxres; ``accuracy`` trains and ``raste
 
 Defaults depend on the device (CPU grids are smaller); ``--smoke`` shrinks everything to seconds for CI.
 Results go to ``bench_results/<timestamp>/`` (git-ignored) unless ``--out`` is given.
+
+Flags, SEGATTN_KERNEL and (accuracy) the experiment with its ``--overrides`` are checked before the output
+folder exists. A refusal or a failed run is one line on stderr (``segattn.errors``): status 2 for the
+command line or the environment, 1 for a run that failed; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +236,9 @@ def common_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     common.add_argument(
+        "--debug", action="store_true", help="show the traceback of a refusal instead of its one line"
+    )
+    common.add_argument(
         "--compile",
         action="store_true",
         help="also time each variant under torch.compile (op, model), labelled <variant>+compile",
@@ -334,14 +342,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_before_writing(args: argparse.Namespace, device: torch.device) -> None:
+    """What would fail after the output folder exists: SEGATTN_KERNEL (every part builds attention
+    modules) and, for accuracy, the experiment composed with ``--overrides`` and train.py's value checks."""
+    from ..config import check_kernel, check_values
+
+    check_kernel()
+    if args.part == "accuracy":
+        from ..cli import compose_command
+
+        values = preset(args, "accuracy", device)
+        overrides = [f"experiment={values['experiment']}", *(values.get("overrides") or [])]
+        check_values(compose_command("train", overrides), "train")
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The bench's error boundary: a refusal (``cli.refusal``) is one line and its status, unless
+    ``--debug``."""
     args = parse_args(argv)
+    try:
+        bench(args)
+    except Exception as error:
+        from ..cli import refusal, said_line
+
+        said = refusal(error)
+        if said is None or args.debug:
+            raise
+        print(f"python -m segattn.bench {args.part}: {said_line(said)}", file=sys.stderr)
+        raise SystemExit(said.status) from None
+
+
+def bench(args: argparse.Namespace) -> None:
     reuse_freed_memory()  # as a training run with the same environment; memory children set their own
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:  # memory-fraction calls need an explicit index
         device = torch.device("cuda", torch.cuda.current_device())
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_before_writing(args, device)
     out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     report.write_environment(out_dir, report.environment(device))

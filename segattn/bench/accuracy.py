@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..attention import attention_class, attention_options
+from ..errors import SegattnError
 from ..files import atomic_write
 from ..images import as_hw
 from .maxres import MaxresSettings, find_maxres
@@ -483,6 +484,8 @@ def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list
     write_csv(out_dir / "accuracy.csv", runs)
     failed = [r for r in runs if r["status"] != "ok"]
     progress(f"accuracy: {len(runs) - len(failed)} runs finished, {len(failed)} failed")
+    if failed and (settings.only == "train" or len(failed) == len(runs)):  # no table to make
+        raise runs_failed(failed)
     if settings.only == "train":
         return []
     costs = measure_costs(settings, recipe, device, out_dir)
@@ -511,9 +514,14 @@ def run(settings: AccuracySettings, device: torch.device, out_dir: Path) -> list
     print_table("accuracy", columns, rows, caption)
     console.print(f"accuracy: table {out_dir / 'accuracy.md'}, {plots}")
     if failed:
-        names = ", ".join(Path(r["run_dir"]).name for r in failed)
-        raise SystemExit(f"bench accuracy: {len(failed)} run(s) failed: {names}; rerun the command to retry")
+        raise runs_failed(failed)
     return table
+
+
+def runs_failed(failed: list[dict[str, Any]]) -> SegattnError:
+    """The failed runs by name, with where their logs are: the command exits with 1 (``segattn.errors``)."""
+    names = ", ".join(f"{Path(r['run_dir']).name} ({r['note']})" for r in failed)
+    return SegattnError(f"{len(failed)} run(s) failed: {names}; rerun the command to retry")
 
 
 __all__ = ["AccuracySettings", "default_variants", "parse_spec", "run"]
