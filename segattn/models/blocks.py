@@ -7,7 +7,8 @@ every attention variant. Parameter names follow timm (``norm1``, ``attn``, ``nor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -65,11 +66,64 @@ class MixFFN(nn.Module):
         return self.fc2(self.act(x))
 
 
-class Block(nn.Module):
+@contextmanager
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """BatchNorm running statistics inside ``module`` are what they were on entry once the block exits: a
+    checkpointed block recomputed in backward (batch statistics, as in its forward) updates them once."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    buffers = [
+        b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
+    ]
+    saved = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(buffers, saved, strict=True):
+                buffer.copy_(value)
+
+
+def recompute_in_backward(
+    enabled: bool, function: Callable[..., Any], *args: Any, keep_stats_of: nn.Module | None = None
+) -> Any:
+    """``function(*args)``; with ``enabled`` (and autograd on) its activations are not stored but recomputed
+    in backward (non-reentrant, so it works under DDP and with inputs that do not require grad; on the same
+    band when the image is split across processes). The BatchNorm running statistics inside
+    ``keep_stats_of`` are updated by the forward only, not again by the recompute."""
+    if not (enabled and torch.is_grad_enabled()):
+        return function(*args)
+    if keep_stats_of is None:
+        return checkpoint(function, *args, use_reentrant=False, context_fn=recompute_contexts)
+    return checkpoint(
+        function, *args, use_reentrant=False, context_fn=partial(stats_kept_contexts, keep_stats_of)
+    )
+
+
+def stats_kept_contexts(module: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """``checkpoint``'s context_fn: ``recompute_contexts`` with ``module``'s running statistics kept in the
+    recompute."""
+    forward, recompute = recompute_contexts()
+    return forward, both(recompute, running_stats_kept(module))
+
+
+@contextmanager
+def both(first: AbstractContextManager, second: AbstractContextManager) -> Iterator[None]:
+    """Enter ``first``, then ``second``."""
+    with first, second:
+        yield
+
+
+class Checkpointable(nn.Module):
+    """A module that ``set_block_checkpointing`` switches: its forward runs through
+    ``recompute_in_backward(self.grad_checkpointing, ...)``."""
+
+    grad_checkpointing: bool = False
+
+
+class Block(Checkpointable):
     """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw).
 
-    ``grad_checkpointing`` recomputes the block in backward (non-reentrant, so it works under DDP and
-    with inputs that do not require grad; on the same band when the image is split across processes).
+    ``grad_checkpointing`` recomputes the block in backward (``recompute_in_backward``).
     ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
     """
 
@@ -94,11 +148,7 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(
-                self.residual_branches, x, hw, use_reentrant=False, context_fn=recompute_contexts
-            )
-        return self.residual_branches(x, hw)
+        return recompute_in_backward(self.grad_checkpointing, self.residual_branches, x, hw)
 
     def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), hw)))
@@ -106,9 +156,10 @@ class Block(nn.Module):
 
 
 def set_block_checkpointing(module: nn.Module, enable: bool) -> None:
-    """Switch per-block gradient checkpointing for every ``Block`` inside ``module``."""
+    """Switch gradient checkpointing for every ``Block`` (and other ``Checkpointable``, such as PVT's patch
+    embeddings) inside ``module``."""
     for m in module.modules():
-        if isinstance(m, Block):
+        if isinstance(m, Checkpointable):
             m.grad_checkpointing = enable
 
 

@@ -10,8 +10,7 @@ features. The stem, the downsampling and local blocks and their parameter names 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -25,7 +24,7 @@ from segattn.attention import AttentionBase
 from segattn.attention.litemla import LiteMultiScaleAttention
 from segattn.layers import from_grid, to_grid
 
-from .blocks import AttentionSpec
+from .blocks import AttentionSpec, running_stats_kept
 from .encoder import Encoder
 from .options import EfficientViTOptions
 
@@ -94,23 +93,6 @@ class EfficientViTStage(nn.Module):
                 for _ in range(depth - 1)
             ]
         self.blocks = nn.Sequential(*blocks)
-
-
-@contextmanager
-def running_stats_kept(module: nn.Module) -> Iterator[None]:
-    """BatchNorm running statistics inside ``module`` are what they were on entry once the block exits: a
-    checkpointed block recomputed in backward (batch statistics, as in its forward) updates them once."""
-    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    buffers = [
-        b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
-    ]
-    saved = [b.clone() for b in buffers]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in zip(buffers, saved, strict=True):
-                buffer.copy_(value)
 
 
 def checkpoint_contexts(block: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:

@@ -27,7 +27,17 @@ from torch import Tensor, nn
 from segattn.attention import attention_class
 from segattn.layers import HW, from_grid, resample_grid_embedding, to_grid
 
-from .blocks import AttentionSpec, Block, LayerNorm, MixFFN, TokenMlp, drop_path_rates, init_weights
+from .blocks import (
+    AttentionSpec,
+    Block,
+    Checkpointable,
+    LayerNorm,
+    MixFFN,
+    TokenMlp,
+    drop_path_rates,
+    init_weights,
+    recompute_in_backward,
+)
 from .encoder import Encoder
 from .official_pvt import convert_official_pvt, is_official_pvt
 from .options import PVTOptions
@@ -55,9 +65,12 @@ LAYOUT_CHOICES = {  # option → its values: PVTv2's (the default) first, PVT v1
 }
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(Checkpointable):
     """Strided conv, then LayerNorm over channels; NCHW in and out. Windows overlap when the kernel is larger
-    than the stride (PVTv2, padding k // 2); kernel = stride cuts non-overlapping patches (PVT v1)."""
+    than the stride (PVTv2, padding k // 2); kernel = stride cuts non-overlapping patches (PVT v1).
+
+    Under ``grad_checkpointing`` (switched with the blocks) conv output and norm are recomputed in backward:
+    the stem's is a full [B, C, H/4, W/4] map held only to be normalised."""
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int, stride: int) -> None:
         super().__init__()
@@ -66,6 +79,9 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: Tensor) -> Tensor:
+        return recompute_in_backward(self.grad_checkpointing, self.embed, x)
+
+    def embed(self, x: Tensor) -> Tensor:
         return self.norm(self.proj(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 

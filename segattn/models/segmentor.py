@@ -7,7 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .blocks import set_block_checkpointing
+from .blocks import Checkpointable, recompute_in_backward, set_block_checkpointing
 from .encoder import Encoder
 
 
@@ -37,6 +37,7 @@ class Segmentor(nn.Module):
         self.layer_decay = layer_decay
         self.num_classes: int = head.num_classes
         self.config: dict[str, Any] = {}
+        self.recompute_heads = False  # heads recomputed whole in backward (set_grad_checkpointing)
 
     @property
     def stride(self) -> int:
@@ -46,32 +47,53 @@ class Segmentor(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         return self._segment(images, with_aux=False)[0]
 
-    def forward_with_aux(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Main logits and auxiliary-head logits (None without an aux head), both at input resolution."""
-        return self._segment(images, with_aux=True)
+    def forward_with_aux(self, images: Tensor, upsample: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Main logits and auxiliary-head logits (None without an aux head), both at input resolution.
 
-    def _segment(self, images: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
+        ``upsample=False`` returns them as the heads make them, at their own stride of the padded image
+        (``padded_size``), uncropped: for a loss that upsamples them itself (``loss.chunk_rows``)."""
+        return self._segment(images, with_aux=True, upsample=upsample)
+
+    def _segment(self, images: Tensor, with_aux: bool, upsample: bool = True) -> tuple[Tensor, Tensor | None]:
         height, width = images.shape[-2:]
-        logits, aux = self.padded_logits(self.pad_to_stride(images), with_aux)
+        logits, aux = self.padded_logits(self.pad_to_stride(images), with_aux, upsample)
+        if not upsample:
+            return logits, aux
         return logits[..., :height, :width], None if aux is None else aux[..., :height, :width]
+
+    def padded_size(self, height: int, width: int) -> tuple[int, int]:
+        """The sides of an image of ``height`` × ``width`` padded to a multiple of ``stride``."""
+        # Round up as (n + s - 1) // s on non-negative sizes: a %-derived size reaching F.interpolate breaks
+        # torch.compile(dynamic=True) in torch 2.14, and ONNX integer Div truncates negative quotients.
+        stride = self.stride
+        return (height + stride - 1) // stride * stride, (width + stride - 1) // stride * stride
 
     def pad_to_stride(self, images: Tensor) -> Tensor:
         """``images`` zero-padded on the right and bottom to a multiple of ``stride``."""
         height, width = images.shape[-2:]
-        # Round up as (n + s - 1) // s on non-negative sizes: a %-derived size reaching F.interpolate breaks
-        # torch.compile(dynamic=True) in torch 2.14, and ONNX integer Div truncates negative quotients.
-        pad_h = (height + self.stride - 1) // self.stride * self.stride - height
-        pad_w = (width + self.stride - 1) // self.stride * self.stride - width
-        return F.pad(images, (0, pad_w, 0, pad_h))
+        padded_height, padded_width = self.padded_size(height, width)
+        return F.pad(images, (0, padded_width - width, 0, padded_height - height))
 
-    def padded_logits(self, padded: Tensor, with_aux: bool) -> tuple[Tensor, Tensor | None]:
+    def padded_logits(
+        self, padded: Tensor, with_aux: bool, upsample: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits (and aux logits when ``with_aux`` and there is an aux head) at the size of ``padded``, an
-        image whose sides are multiples of ``stride``: one band of it under spatial parallelism."""
+        image whose sides are multiples of ``stride``: one band of it under spatial parallelism. Without
+        ``upsample``, at each head's own stride."""
         features = self.encoder(padded)
-        logits = self._to_padded_size(self.head(features), padded)
+        resize = self._to_padded_size if upsample else lambda logits, _: logits
+        logits = resize(self._run_head(self.head, features), padded)
         if not with_aux or self.aux_head is None:
             return logits, None
-        return logits, self._to_padded_size(self.aux_head(features), padded)
+        return logits, resize(self._run_head(self.aux_head, features), padded)
+
+    def _run_head(self, head: nn.Module, features: list[Tensor]) -> Tensor:
+        """``head(features)``, recomputed in backward under gradient checkpointing unless the head has
+        blocks of its own (UNet's decoder), which are recomputed one by one instead: the decoder's wide
+        maps at stride 4 (SegFormer's fused 256 channels) are then not held from forward to backward. Its
+        BatchNorm statistics are updated once, by the forward."""
+        whole = self.recompute_heads and not any(isinstance(m, Checkpointable) for m in head.modules())
+        return recompute_in_backward(whole, head, features, keep_stats_of=head)
 
     @staticmethod
     def _to_padded_size(logits: Tensor, padded: Tensor) -> Tensor:
@@ -88,9 +110,11 @@ class Segmentor(nn.Module):
                 part.compile(*args, **kwargs)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each transformer block (and timm CNN stage) in backward instead of storing it."""
+        """Recompute in backward instead of storing: each transformer block (and timm CNN stage), PVT's
+        patch embeddings, and each head, block by block where it has blocks, else as a whole."""
         self.encoder.set_grad_checkpointing(enable)
         set_block_checkpointing(self.head, enable)
+        self.recompute_heads = enable
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """AdamW parameter groups.

@@ -16,12 +16,10 @@ import torch.nn.functional as F
 from timm.layers import ConvNormAct
 from timm.models import FeatureListNet
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from segattn.layers import from_grid, to_grid
-from segattn.parallel import recompute_contexts
 
-from .blocks import AttentionSpec, Block, MixFFN
+from .blocks import AttentionSpec, Block, MixFFN, recompute_in_backward
 from .encoder import Encoder
 from .options import UNetOptions
 
@@ -69,11 +67,12 @@ class TimmCNNEncoder(Encoder):
     def checkpointed_features(self, x: Tensor) -> list[Tensor]:
         """timm's feature forward with each child but the first and the last (and in-place ones, e.g. a
         stem ReLU) recomputed in backward, as timm's own checkpointing does, but through
-        ``recompute_contexts`` so that a band of a split image is recomputed as that band."""
+        ``recompute_contexts`` so that a band of a split image is recomputed as that band, and with the
+        BatchNorm statistics updated by the forward only."""
         features, children = [], list(self.model.items())
         for i, (name, child) in enumerate(children):
             skip = i in (0, len(children) - 1) or getattr(child, "inplace", False) is True
-            x = child(x) if skip else checkpoint(child, x, use_reentrant=False, context_fn=recompute_contexts)
+            x = child(x) if skip else recompute_in_backward(True, child, x, keep_stats_of=child)
             if name in self.model.return_layers:
                 features.append(x)
         return features

@@ -13,6 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
+
+
+def at_least_float32(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 when it is half or bfloat16 (or float32); float64 stays float64, so the loss
+    can be checked against its formula in double precision."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
 
 def cross_entropy(
     logits: Tensor,
@@ -45,6 +53,7 @@ def cross_entropy_sums(
 ) -> tuple[Tensor, Tensor]:
     """The weighted sum of the counted pixels' losses and the sum of their weights (``cross_entropy`` is
     their ratio): sums that add up over the bands of a split image."""
+    weight = None if weight is None else weight.to(logits.dtype)
     losses = F.cross_entropy(
         logits, target, weight, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
     )
@@ -72,18 +81,29 @@ def dice_loss(
     toward zero everywhere, crop after crop. ``present_only=False`` keeps every class (the V-Net form many
     libraries use); a batch without a valid pixel gives 0 either way.
     """
+    return dice_from_sums(*dice_sums(logits, target, ignore_index), smooth, present_only)
+
+
+def dice_sums(logits: Tensor, target: Tensor, ignore_index: int = 255) -> tuple[Tensor, Tensor, Tensor]:
+    """Per class over the valid pixels: Σ p·t (intersection), Σ p (predicted) and Σ t (labelled), p the
+    softmax in at least float32 and t the one-hot labels; sums that add up over the rows of an image."""
     num_classes = logits.shape[1]
     valid = (target != ignore_index).unsqueeze(1)  # [B, 1, H, W]
-    prob = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=1) * valid
+    prob = at_least_float32(logits).softmax(dim=1) * valid
     one_hot = F.one_hot(target.masked_fill(~valid.squeeze(1), 0), num_classes).permute(0, 3, 1, 2) * valid
     dims = (0, 2, 3)
-    intersection = (prob * one_hot).sum(dims)
-    labelled = one_hot.sum(dims)
-    dice = (2 * intersection + smooth) / (prob.sum(dims) + labelled + smooth)
+    return (prob * one_hot).sum(dims), prob.sum(dims), one_hot.sum(dims)
+
+
+def dice_from_sums(
+    intersection: Tensor, predicted: Tensor, labelled: Tensor, smooth: float = 1.0, present_only: bool = True
+) -> Tensor:
+    """``dice_loss`` from ``dice_sums``' per-class sums (of the whole batch, or added up over its rows)."""
+    dice = (2 * intersection + smooth) / (predicted + labelled + smooth)
     if not present_only:
         return 1 - dice.mean()  # exactly 0 without a valid pixel: every coefficient is s / s
     present = labelled > 0
-    return 1 - dice[present].mean() if present.any() else logits.sum() * 0
+    return 1 - dice[present].mean() if present.any() else predicted.sum() * 0
 
 
 def lovasz_grad(gt_sorted: Tensor) -> Tensor:
@@ -114,8 +134,31 @@ def _sorted_errors_and_grad(prob: Tensor, foreground: Tensor) -> tuple[Tensor, T
     return errors_sorted, lovasz_grad(foreground[order])
 
 
+def check_chunk_rows(chunk_rows: int | None, lovasz: float, ohem_thresh: float | None) -> None:
+    """Refuse a ``loss.chunk_rows`` that is not a positive integer, or one combined with a term that needs
+    every pixel of the batch at once (Lovász's sorted errors, OHEM's k-th probability)."""
+    if chunk_rows is None:
+        return
+    if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+        raise ConfigError(
+            f"loss.chunk_rows={chunk_rows!r}; expected null or an integer >= 1 (rows per chunk)"
+        )
+    if lovasz or ohem_thresh is not None:
+        raise ConfigError(
+            f"loss.chunk_rows={chunk_rows} with loss.lovasz={lovasz}, loss.ohem_thresh={ohem_thresh}: "
+            "Lovász and OHEM rank all pixels at once; set loss.chunk_rows=null, or loss.lovasz=0 and "
+            "loss.ohem_thresh=null"
+        )
+
+
 class SegLoss(nn.Module):
-    """``ce * CE + dice * Dice + lovasz * Lovász``; terms with weight 0 are not computed."""
+    """``ce * CE + dice * Dice + lovasz * Lovász``; terms with weight 0 are not computed.
+
+    ``chunk_rows`` (None: off) asks the trainer to compute the loss from the head's low-resolution logits,
+    upsampled and scored that many full-resolution rows at a time and recomputed in backward
+    (``chunked.chunked_seg_loss``): the same value without full-resolution logits of every class in memory.
+    Lovász and OHEM rank all pixels of the batch at once, so they refuse it.
+    """
 
     def __init__(
         self,
@@ -129,8 +172,11 @@ class SegLoss(nn.Module):
         ohem_thresh: float | None = None,
         ohem_min_kept: int = 100_000,
         ignore_index: int = 255,
+        chunk_rows: int | None = None,
     ) -> None:
         super().__init__()
+        check_chunk_rows(chunk_rows, lovasz, ohem_thresh)
+        self.chunk_rows = chunk_rows
         if min(ce, dice, lovasz) < 0 or ce + dice + lovasz == 0:
             raise ValueError(f"loss weights ce={ce}, dice={dice}, lovasz={lovasz} must be >= 0 and not all 0")
         self.ce, self.dice, self.lovasz = ce, dice, lovasz
@@ -150,7 +196,7 @@ class SegLoss(nn.Module):
         total = logits.new_zeros((), dtype=torch.float)
         if self.ce:
             total = total + self.ce * cross_entropy(
-                logits.float(),
+                at_least_float32(logits),
                 target,
                 self.ignore_index,
                 self.class_weights,

@@ -4,6 +4,7 @@ Lightning."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetri
 from ..inference.infer import infer
 from ..parallel import band_forward
 from ..record import ModelRecord
+from .chunked_loss import chunked_seg_loss
 from .spatial import band_group_of, band_loss, share_batch
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
@@ -81,17 +83,28 @@ class SegmentationModule(pl.LightningModule):
         if group is not None:
             return self.band_training_step(share_batch(batch, group), group)
         images, masks = batch["image"], batch["mask"]
-        logits, aux_logits = self.model.forward_with_aux(images)
-        loss = self.criterion(logits, masks)
+        loss, aux_loss = self.head_losses(images, masks)
         group = self.optimizers().param_groups[0]
         logs = {"train/lr": group["lr"] / group.get("lr_scale", 1.0)}  # the scheduled base LR
-        if aux_logits is not None:
-            aux_loss = self.criterion(aux_logits, masks)
+        if aux_loss is not None:
             logs.update({"train/main_loss": loss, "train/aux_loss": aux_loss})
             loss = loss + self.model.aux_weight * aux_loss
         self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
         self.log_dict(logs, batch_size=images.shape[0])
         return loss
+
+    def head_losses(self, images: Tensor, masks: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The criterion on the main and (None without one) auxiliary head's logits. With
+        ``loss.chunk_rows`` the heads' logits stay at their own stride and the loss upsamples them row
+        chunk by row chunk (``chunked_seg_loss``); otherwise on logits upsampled to the image."""
+        if getattr(self.criterion, "chunk_rows", None) is None:
+            logits, aux_logits = self.model.forward_with_aux(images)
+            score = functools.partial(self.criterion, target=masks)
+        else:
+            logits, aux_logits = self.model.forward_with_aux(images, upsample=False)
+            size = self.model.padded_size(*images.shape[-2:])
+            score = functools.partial(chunked_seg_loss, self.criterion, target=masks, size=size)
+        return score(logits), None if aux_logits is None else score(aux_logits)
 
     def band_training_step(self, batch: dict[str, Any], group: Any) -> Tensor:
         """``training_step`` on this process's band of each image (``trainer=spatial``): the loss to

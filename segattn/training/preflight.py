@@ -14,6 +14,7 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from ..attention import AttentionBase, check_band_variant
 from ..data import SegDataModule
+from ..errors import ConfigError
 from ..images import as_hw
 from ..inference.tiling import scaled_size
 from ..models import Segmentor
@@ -99,6 +100,11 @@ def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, i
         return
     check_band_variant(model)
     check_band_loss(cfg.loss.dice, cfg.loss.lovasz, cfg.loss.ohem_thresh)
+    if cfg.loss.get("chunk_rows") is not None:
+        raise ConfigError(
+            f"loss.chunk_rows={cfg.loss.chunk_rows} with trainer=spatial: each band scores its own rows "
+            "already; set loss.chunk_rows=null"
+        )
     if cfg.model.get("compile"):
         raise ValueError(
             "model.compile=true with trainer=spatial: compiled graphs do not run the band exchanges"

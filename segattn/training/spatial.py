@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..parallel import BandGroup
 from ..parallel.collectives import group_sum
-from .losses import SegLoss, cross_entropy_sums
+from .losses import SegLoss, at_least_float32, cross_entropy_sums
 
 
 class BandParallelStrategy(DDPStrategy):
@@ -107,7 +107,7 @@ def band_loss(
         if head_logits is None:
             continue
         total, weights = cross_entropy_sums(
-            head_logits.float(),
+            at_least_float32(head_logits),
             masks,
             criterion.ignore_index,
             criterion.class_weights,

@@ -1,4 +1,5 @@
-"""Per-block gradient checkpointing recomputes blocks in backward and leaves every gradient unchanged."""
+"""Gradient checkpointing recomputes blocks (and PVT's patch embeddings and the heads) in backward and leaves
+every output and gradient unchanged."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ def watched_modules(model: Segmentor, name: str) -> list[nn.Module]:
     are rebuilt, so a hook on a segment's last module (or on the segment itself) need not fire again."""
     if name == "vit":
         return [model.encoder.blocks[0].attn]
-    if name == "pvt":
-        return [model.encoder.stages[0].blocks[0].attn]
+    if name == "pvt":  # a block, the stem and a stage's patch embedding, the SegFormer head
+        encoder = model.encoder
+        heads = [model.head.fuse.bn] + ([model.aux_head.conv] if model.aux_head is not None else [])
+        return [
+            encoder.stages[0].blocks[0].attn,
+            encoder.patch_embed.proj,
+            encoder.stages[1].downsample.proj,
+            *heads,
+        ]
     if name == "efficientvit":  # a stride-4 MBConv block and an attention block
         return [
             model.encoder.stages[0].blocks[0].main.inverted_conv,
@@ -33,17 +41,25 @@ def gradients_and_calls(model: Segmentor, name: str, images: torch.Tensor, targe
         m.register_forward_hook(lambda *_, i=i: calls.append(i))
         for i, m in enumerate(watched_modules(model, name))
     ]
-    F.cross_entropy(model(images), target).backward()
+    logits, aux = model.forward_with_aux(images)
+    loss = F.cross_entropy(logits, target) + (0 if aux is None else F.cross_entropy(aux, target))
+    loss.backward()
     for handle in handles:
         handle.remove()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads["logits"], grads["aux"] = logits.detach(), None if aux is None else aux.detach()
     return grads, [calls.count(i) for i in range(len(handles))]
 
 
-@pytest.mark.parametrize("name", ["vit", "pvt", "unet", "efficientvit"])
-def test_checkpointing_recomputes_and_keeps_gradients(build_tiny, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("vit", {}), ("pvt", {}), ("pvt", {"aux_head": True}), ("unet", {}), ("efficientvit", {})],
+)
+def test_checkpointing_recomputes_and_keeps_gradients(build_tiny, name: str, options: dict) -> None:
+    """Same logits (main and auxiliary), parameter gradients and BatchNorm statistics with and without
+    checkpointing; the watched modules run again in backward."""
     torch.manual_seed(0)
-    plain = build_tiny(name, "flatten", dropout=0.0).train()
+    plain = build_tiny(name, "flatten", dropout=0.0, **options).train()
     checkpointed = copy.deepcopy(plain)
     checkpointed.set_grad_checkpointing(True)
     images, target = torch.randn(2, 3, 64, 96), torch.randint(0, 3, (2, 64, 96))
@@ -53,6 +69,10 @@ def test_checkpointing_recomputes_and_keeps_gradients(build_tiny, name: str) -> 
     assert all(count == 2 for count in checkpointed_calls), "blocks were not recomputed in backward"
     for pname, grad in expected.items():
         torch.testing.assert_close(grads[pname], grad, rtol=1e-5, atol=1e-6, msg=pname)
+    assert (expected["aux"] is None) != bool(options)
+    buffers = dict(checkpointed.named_buffers())  # BatchNorm statistics updated once, not again in backward
+    for bname, buffer in plain.named_buffers():
+        torch.testing.assert_close(buffers[bname], buffer, rtol=1e-5, atol=1e-6, msg=bname)
 
 
 def test_build_option_switches_checkpointing_on(build_tiny) -> None:
