@@ -14,6 +14,7 @@ import torch
 from reliability_fixtures import TINY, compose_run
 
 from segattn.checkpoints.atomic import atomic_save
+from segattn.errors import DiskError
 from segattn.files import temp_files
 from segattn.training.checkpointing import AtomicCheckpointIO
 from segattn.training.run import build_trainer, run
@@ -75,7 +76,7 @@ def test_serializer_error_mid_write_keeps_old_file_and_leaves_no_temp(tmp_path, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", fail_half_way)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DiskError, match=f"^no space left on {tmp_path}: writing best.ckpt"):  # an OSError
         AtomicCheckpointIO().save_checkpoint({"step": 2}, path)
     assert path.read_bytes() == before and temp_files(path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt"]
