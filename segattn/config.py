@@ -207,7 +207,10 @@ def slide_has_window(cfg: DictConfig) -> str | None:
 
 
 def stride_within_window(cfg: DictConfig) -> str | None:
-    """``inference.stride`` no larger than ``inference.crop`` on either side: a wider step skips pixels."""
+    """In slide mode, ``inference.stride`` no larger than ``inference.crop`` on either side: a wider step
+    would skip pixels (``inference.tiling`` refuses it, at the first image: after a whole epoch in train)."""
+    if OmegaConf.select(cfg, "inference.mode") != "slide":
+        return None
     crop, stride = (
         plain(OmegaConf.select(cfg, "inference.crop")),
         plain(OmegaConf.select(cfg, "inference.stride")),
