@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from attention_reference import build_perturbed, module_reference
 from test_agent_pola import pola_reference
+from test_triton_ops import record_operators
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -236,9 +236,9 @@ def module_case(
 def test_flatten_module_equals_the_paper_formula(
     monkeypatch: pytest.MonkeyPatch, hw: tuple[int, int], dim: int, dtype: torch.dtype
 ) -> None:
-    with SegattnOps() as calls:
-        module_case("flatten", {}, hw, dim, dtype)
-    assert calls.names == [
+    calls = record_operators(monkeypatch)
+    module_case("flatten", {}, hw, dim, dtype)
+    assert calls == [
         "focused_attention",
         "focused_attention_query_backward",
         "focused_attention_keys_backward",
@@ -246,10 +246,11 @@ def test_flatten_module_equals_the_paper_formula(
 
 
 @pytest.mark.usefixtures("forced")
-def test_litemla_module_equals_the_paper_formula() -> None:
-    with SegattnOps() as calls:
-        module_case("litemla", {}, (6, 9), 32, torch.float32)
-    assert calls.forward() == ["kernel_attention"] * 2  # the q, k, v heads and the 5×5 aggregate's
+def test_litemla_module_equals_the_paper_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record_operators(monkeypatch)
+    module_case("litemla", {}, (6, 9), 32, torch.float32)
+    # the q, k, v heads and the 5×5 aggregate's
+    assert [name for name in calls if not name.endswith("backward")] == ["kernel_attention"] * 2
 
 
 @pytest.mark.usefixtures("forced")
@@ -257,30 +258,16 @@ def test_litemla_module_equals_the_paper_formula() -> None:
     ("options", "hw"),
     [({"position_encoding": "learned", "position_size": 6}, (7, 11)), ({"sr_ratio": 2}, (8, 10))],
 )
-def test_pola_module_equals_the_paper_formula(options: dict, hw: tuple[int, int]) -> None:
+def test_pola_module_equals_the_paper_formula(
+    monkeypatch: pytest.MonkeyPatch, options: dict, hw: tuple[int, int]
+) -> None:
     """fp32 only: in bf16 the rounded parameters alone move pola's gradients by up to 2.7 % (its powers
     reach 5), on the PyTorch path as much as here; the kernels' bf16 case is the functional test's."""
-    with SegattnOps() as calls:
-        module_case(
-            "pola", options, hw, 32, torch.float32, lambda module, _, __, x, hw: pola_reference(module, x, hw)
-        )
-    assert calls.names == ["polarity_attention", "polarity_attention_backward"]
-
-
-class SegattnOps(TorchDispatchMode):
-    """Records the names of the ``torch.ops.segattn`` operators (the Triton path) called inside, in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "segattn":
-            self.names.append(func._schema.name.split("::")[1])
-        return func(*args, **(kwargs or {}))
-
-    def forward(self) -> list[str]:
-        return [name for name in self.names if not name.endswith("backward")]
+    calls = record_operators(monkeypatch)
+    module_case(
+        "pola", options, hw, 32, torch.float32, lambda module, _, __, x, hw: pola_reference(module, x, hw)
+    )
+    assert calls == ["polarity_attention", "polarity_attention_backward"]
 
 
 def record(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Function]) -> list[type]:
@@ -347,13 +334,13 @@ def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.Monke
     module = build_perturbed("linear", {}, 32, HEADS, 12)
     monkeypatch.setenv(KERNEL_ENV, "triton")
     calls = record(monkeypatch, KernelAttention)
+    triton_calls = record_operators(monkeypatch)
     x = torch.randn(1, 12, 32)
-    with SegattnOps() as triton_calls:
-        module(x, (3, 4))
-        module.kernel_backend = "auto"
-        module(x, (3, 4))
-        monkeypatch.setenv(FUSED_ENV, "0")
-        module.kernel_backend = kernel_backend()  # as if built now
-        assert module.kernel_backend == "plain"
-        module(x, (3, 4))
-    assert calls == [KernelAttention] * 2 and triton_calls.names == []
+    module(x, (3, 4))
+    module.kernel_backend = "auto"
+    module(x, (3, 4))
+    monkeypatch.setenv(FUSED_ENV, "0")
+    module.kernel_backend = kernel_backend()  # as if built now
+    assert module.kernel_backend == "plain"
+    module(x, (3, 4))
+    assert calls == [KernelAttention] * 2 and triton_calls == []

@@ -45,48 +45,47 @@ def qkv(tokens: int, d: int, keys: int | None = None, grad: bool = True) -> list
     return [q, k, v]
 
 
-def opcheck(op, args: tuple) -> None:
-    results = torch.library.opcheck(op, args, raise_exception=False)
+def opcheck(name: str, args: tuple) -> None:
+    results = torch.library.opcheck(getattr(torch.ops.segattn, name).default, args, raise_exception=False)
     failures = {test: str(result) for test, result in results.items() if result != "SUCCESS"}
     assert not failures, failures
 
 
-SOFTMAX_MAPS = ("softmax_channels", 0.5, 0.0, "softmax_tokens", 0.5, 0.0)
-TAYLOR_MAPS = ("l2", 1.0, 1e-6, "l2", 1.0, 1e-6)
-
-
 @pytest.mark.parametrize(
-    ("maps", "options", "keys"),
+    ("names", "scalars", "normalize", "taylor", "keys"),
     [
-        (SOFTMAX_MAPS, (1.0, 0.0, False, False), None),  # efficient: unnormalised, key softmax statistics
-        (TAYLOR_MAPS, (1.0, 1e-6, True, True), None),  # taylor: normalised, β = Σv
-        (("identity", 1.0, 0.0) * 2, (1 / 3, 1e-6, True, False), 3),  # FLatten's mean, PVT's fewer keys
+        # efficient: unnormalised, the key softmax's statistics; taylor: normalised, β = Σv
+        (["softmax_channels", "softmax_tokens"], [0.5, 0.0, 0.5, 0.0, 1.0, 0.0], False, False, None),
+        (["l2", "l2"], [1.0, 1e-6, 1.0, 1e-6, 1.0, 1e-6], True, True, None),
+        (["identity", "identity"], [1.0, 0.0, 1.0, 0.0, 1 / 3, 1e-6], True, False, 3),  # mean; fewer keys
     ],
 )
-def test_kernel_attention_operators_pass_opcheck(maps: tuple, options: tuple, keys: int | None) -> None:
+def test_kernel_attention_operators_pass_opcheck(
+    names: list[str], scalars: list[float], normalize: bool, taylor: bool, keys: int | None
+) -> None:
     q, k, v = qkv(5, 16, keys)
-    factor, _, normalize, taylor = options
-    opcheck(ops.kernel_attention, (q, k, v, *maps, *options))
+    maps = [ops.MAP_KINDS.index(name) for name in names]
+    opcheck("kernel_attention", (q, k, v, maps, scalars, normalize, taylor))
     with torch.no_grad():
-        out, kv, inv, columns = ops.kernel_attention(q, k, v, *maps, *options)
+        out, kv, inv, columns = torch.ops.segattn.kernel_attention(q, k, v, maps, scalars, normalize, taylor)
     q, k, v = (t.detach() for t in (q, k, v))
     grad = leaf(*out.shape, seed=1, grad=False)
-    opcheck(ops.kernel_attention_query_backward, (q, grad, kv, inv, *maps[:3], normalize, taylor))
+    opcheck("kernel_attention_query_backward", (q, grad, kv, inv, maps[0], scalars[:2], taylor))
     grad_kv = leaf(*kv.shape, seed=2, grad=False)
-    opcheck(ops.kernel_attention_keys_backward, (k, v, kv, grad_kv, columns, *maps[3:], factor, taylor))
+    opcheck("kernel_attention_keys_backward", (k, v, kv, grad_kv, columns, maps[1], scalars[2:5], taylor))
 
 
 def test_focused_attention_operators_pass_opcheck() -> None:
     q, k, v = (leaf(1, 5, HEADS * 16, seed=i) for i in range(3))
     local, scale = leaf(1, HEADS, 5, 16, seed=3), leaf(HEADS * 16, seed=4)
-    opcheck(ops.focused_attention, (q, k, v, local, scale, 3.0, 1e-6, HEADS))
+    opcheck("focused_attention", (q, k, v, local, scale, 3.0, 1e-6, HEADS))
     with torch.no_grad():
-        out, kv, inv = ops.focused_attention(q, k, v, local, scale, 3.0, 1e-6, HEADS)
+        out, kv, inv = torch.ops.segattn.focused_attention(q, k, v, local, scale, 3.0, 1e-6, HEADS)
     q, k, v, scale = (t.detach() for t in (q, k, v, scale))
     grad = leaf(*out.shape, seed=5, grad=False)
-    opcheck(ops.focused_attention_query_backward, (q, grad, kv, inv, scale, 3.0, HEADS))
+    opcheck("focused_attention_query_backward", (q, grad, kv, inv, scale, 3.0, HEADS))
     grad_kv = leaf(*kv.shape, seed=6, grad=False)
-    opcheck(ops.focused_attention_keys_backward, (k, v, grad_kv, scale, 3.0, HEADS, 5))
+    opcheck("focused_attention_keys_backward", (k, v, grad_kv, scale, 3.0, HEADS, 5))
 
 
 @pytest.mark.parametrize(("keys", "needs"), [(None, [True, True, True]), (3, [False, True, False])])
@@ -94,12 +93,29 @@ def test_polarity_attention_operators_pass_opcheck(keys: int | None, needs: list
     q, k, v = qkv(5, 8, keys)
     power = (1.5 + torch.rand(HEADS, 8, generator=torch.Generator().manual_seed(7))).to(DEVICE)
     power.requires_grad_()
-    opcheck(ops.polarity_attention, (q, k, v, power, 1e-6))
+    opcheck("polarity_attention", (q, k, v, power, 1e-6))
     with torch.no_grad():
-        out, *saved = ops.polarity_attention(q, k, v, power, 1e-6)
+        out, *saved = torch.ops.segattn.polarity_attention(q, k, v, power, 1e-6)
     q, k, v, power = (t.detach() for t in (q, k, v, power))
     grad = leaf(*out.shape, seed=8, grad=False)
-    opcheck(ops.polarity_attention_backward, (grad, q, k, v, power, saved, needs))
+    opcheck("polarity_attention_backward", (grad, q, k, v, power, saved, needs))
+
+
+def record_operators(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each eager call of the Triton path's operator functions (``triton.ops``, which eager mode
+    calls directly), by name; the originals still run."""
+    calls: list[str] = []
+
+    def recorder(name: str, original):
+        def recorded(*args):
+            calls.append(name)
+            return original(*args)
+
+        return recorded
+
+    for name in ops.OPERATORS:
+        monkeypatch.setattr(ops, name, recorder(name, getattr(ops, name)))
+    return calls
 
 
 class SegattnOps(TorchDispatchMode):
@@ -138,13 +154,15 @@ def test_compiled_module_keeps_the_triton_operators(
 ) -> None:
     """``torch.compile`` (fullgraph=False, AOT autograd) of a module built under SEGATTN_KERNEL=triton: one
     graph holding the forward operator (no graph break, no plain formula), the backward operators in the
-    compiled backward, and eager's outputs and gradients."""
+    compiled backward, and the outputs and gradients of eager mode (which calls the same functions)."""
     monkeypatch.setenv(KERNEL_ENV, "triton")
     module = build_perturbed(name, options, 32, HEADS, 15).to(DEVICE)
     assert module.kernel_backend == "triton"
     hw, x = (3, 5), leaf(2, 15, 32, seed=9)
+    eager = record_operators(monkeypatch)  # eager mode calls the operators' functions directly
     out = module(x, hw)
     grads = torch.autograd.grad(out, [x, *module.parameters()], torch.ones_like(out))
+    assert eager == [forward_op, *backward_ops]
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(copy.deepcopy(module), backend=counter, fullgraph=False)
@@ -168,9 +186,9 @@ def test_exporters_see_the_plain_formula(monkeypatch: pytest.MonkeyPatch) -> Non
     module = build_perturbed("linear", {}, 32, HEADS, 15).to(DEVICE).eval()
     x = leaf(1, 15, 32, seed=10, grad=False)
     wrapper = Wrapper(module)
-    with SegattnOps() as eager:
-        expected = wrapper(x)
-    assert eager.names == ["kernel_attention"]
+    eager = record_operators(monkeypatch)
+    expected = wrapper(x)
+    assert eager == ["kernel_attention"]
     exported = torch.export.export(wrapper, (x,))
     assert not [n for n in exported.graph.nodes if str(n.target).startswith("segattn.")]
     traced = torch.jit.trace(wrapper, (x,), check_trace=False)

@@ -40,6 +40,7 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
 def load_kernels() -> ModuleType:
     """``kernels``, imported on first use (it reads TRITON_INTERPRET then)."""
     return importlib.import_module(f"{__name__}.kernels")

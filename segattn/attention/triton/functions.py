@@ -1,11 +1,14 @@
 """The Triton path's attention functions and their autograd: the generic kernel attention (linear, efficient,
 taylor, litemla), FLatten's focused attention and PolaFormer's polarity attention. Same math, arguments and
 results as ``fused.kernel.KernelAttention``, ``fused.focus.FocusedAttention`` and
-``functional_agent.pola_attention``; each calls its forward operator (``ops.py``: ``torch.ops.segattn.*``,
-which ``torch.compile`` keeps as one node) and registers the backward operators as its gradient. What is
-kept for backward: q, k, v, the extended context ([d + 1, dv + 1] per head), one fp32 per token (1/den), and
-the small per-channel statistics of the key softmax. Feature maps, FLatten's focusing statistics and the
-output are recomputed, never saved.
+``functional_agent.pola_attention``. What is kept for backward: q, k, v, the extended context
+([d + 1, dv + 1] per head), one fp32 per token (1/den), and the small per-channel statistics of the key
+softmax. Feature maps, FLatten's focusing statistics and the output are recomputed, never saved.
+
+Each runs as a torch operator (``ops.py``: ``torch.ops.segattn.*``) under ``torch.compile``, which keeps it
+as one graph node, with the autograd formula below registered on it (``register_autograd``); in eager mode
+(``run``) the same forward, formula and backward functions run through one autograd Function
+(``Direct``), without the operator dispatch.
 
 On a band of a split image (``segattn.parallel``) the context and, in backward, its gradient are summed over
 the bands between the kernels (``token_reducer``, captured when the forward runs: the backward runs after
@@ -14,14 +17,16 @@ the split has ended), exactly where the PyTorch path sums them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
 from . import ops
-from .ops import heads_view, inverse_scale
+from .ops import MAP_KINDS, heads_view, inverse_scale
 
 __all__ = [
     "FeatureMap",
@@ -43,6 +48,32 @@ class FeatureMap:
     eps: float = 0.0
 
 
+def run(name: str, *inputs) -> tuple[Tensor, ...]:
+    """Forward operator ``name`` on ``inputs``: the registered operator under ``torch.compile``, else its
+    function (``ops.<name>``) through ``Direct``."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.segattn, name).default(*inputs)
+    return Direct.apply(name, *inputs)
+
+
+class Direct(torch.autograd.Function):
+    """An operator's function and autograd formula (``FORMULAS``) called directly, in eager mode; the
+    formula's backward operators (``ctx.impl``) are the plain functions of ``ops`` too."""
+
+    @staticmethod
+    def forward(ctx, name: str, *inputs):
+        output = getattr(ops, name)(*inputs)
+        FORMULAS[name][0](ctx, inputs, output)
+        ctx.name, ctx.impl = name, ops
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        ctx.needs_input_grad = ctx.needs_input_grad[1:]  # as the formula sees it: without ``name``
+        return None, *FORMULAS[ctx.name][1](ctx, *grads)
+
+
 def kernel_attention_triton(
     q: Tensor,
     k: Tensor,
@@ -62,29 +93,29 @@ def kernel_attention_triton(
     interpreter); computed in fp32 whatever autocast says; the result has v's shape, dtype and memory
     order. ``normalize=False``: O = φq(q) S. ``taylor_term``: β = Σ_n v_n, β₀ = N.
     """
-    maps = (phi_q.name, phi_q.scale, phi_q.eps, phi_k.name, phi_k.scale, phi_k.eps)
-    return ops.kernel_attention(q, k, v, *maps, context_scale, eps, normalize, taylor_term)[0]
+    maps = [MAP_KINDS.index(phi_q.name), MAP_KINDS.index(phi_k.name)]
+    scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, context_scale, eps]
+    return run("kernel_attention", q, k, v, maps, scalars, normalize, taylor_term)[0]
 
 
 def kernel_setup(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, *maps, factor, _, normalize, taylor = inputs
+    q, k, v, maps, scalars, _, taylor = inputs
     _, kv, inv, columns = output
     ctx.mark_non_differentiable(kv, inv, columns)
     ctx.save_for_backward(q, k, v, kv, inv, columns)
-    ctx.maps, ctx.options, ctx.reduce = maps, (factor, normalize, taylor), token_reducer()
+    ctx.maps, ctx.scalars, ctx.taylor, ctx.reduce = maps, scalars, taylor, token_reducer()
+    ctx.impl = torch.ops.segattn
 
 
 def kernel_backward(ctx, grad: Tensor, *_) -> tuple:
     q, k, v, kv, inv, columns = ctx.saved_tensors
-    factor, normalize, taylor = ctx.options
-    query_map, key_map = ctx.maps[:3], ctx.maps[3:]
-    grad_q, grad_kv = ops.kernel_attention_query_backward(q, grad, kv, inv, *query_map, normalize, taylor)
+    (query_map, key_map), scalars, taylor, impl = ctx.maps, ctx.scalars, ctx.taylor, ctx.impl
+    grad_q, grad_kv = impl.kernel_attention_query_backward(q, grad, kv, inv, query_map, scalars[:2], taylor)
     grad_kv = ctx.reduce(grad_kv)
-    grad_k, grad_v = ops.kernel_attention_keys_backward(k, v, kv, grad_kv, columns, *key_map, factor, taylor)
-    return grad_q, grad_k, grad_v, *(None,) * 10
-
-
-ops.kernel_attention.register_autograd(kernel_backward, setup_context=kernel_setup)
+    grad_k, grad_v = impl.kernel_attention_keys_backward(
+        k, v, kv, grad_kv, columns, key_map, scalars[2:5], taylor
+    )
+    return grad_q, grad_k, grad_v, None, None, None, None
 
 
 def focused_attention_triton(
@@ -93,7 +124,7 @@ def focused_attention_triton(
     """``fused.focus.focused_attention_fused`` on the Triton kernels: focusing statistics per token over all
     C channels (one small pass each for q and k), f_p and the kernel product per head in registers, the
     ``local`` (DWC) branch added in the same pass. q, k, v: [B, N, C] of any strides."""
-    return ops.focused_attention(q, k, v, local, scale, power, eps, heads)[0]
+    return run("focused_attention", q, k, v, local, scale, power, eps, heads)[0]
 
 
 def focused_setup(ctx, inputs: tuple, output: tuple) -> None:
@@ -102,22 +133,20 @@ def focused_setup(ctx, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(kv, inv)
     ctx.save_for_backward(q, k, v, scale, kv, inv)
     ctx.power, ctx.heads, ctx.tokens, ctx.reduce = power, heads, token_count(k.shape[1]), token_reducer()
+    ctx.impl = torch.ops.segattn
 
 
 def focused_backward(ctx, grad: Tensor, *_) -> tuple:
     q, k, v, scale, kv, inv = ctx.saved_tensors
-    power, heads = ctx.power, ctx.heads
-    grad_q, grad_kv, grad_inv = ops.focused_attention_query_backward(q, grad, kv, inv, scale, power, heads)
+    power, heads, impl = ctx.power, ctx.heads, ctx.impl
+    grad_q, grad_kv, grad_inv = impl.focused_attention_query_backward(q, grad, kv, inv, scale, power, heads)
     grad_kv = ctx.reduce(grad_kv)
-    grad_k, grad_v, grad_inv_k = ops.focused_attention_keys_backward(
+    grad_k, grad_v, grad_inv_k = impl.focused_attention_keys_backward(
         k, v, grad_kv, scale, power, heads, ctx.tokens
     )
     # d(1/softplus(s))/ds = −sigmoid(s)·(1/softplus(s))²
     grad_scale = -(grad_inv + grad_inv_k) * inverse_scale(scale).square() * torch.sigmoid(scale.float())
     return grad_q, grad_k, grad_v, heads_view(grad, heads), grad_scale.to(scale.dtype), None, None, None
-
-
-ops.focused_attention.register_autograd(focused_backward, setup_context=focused_setup)
 
 
 def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float) -> Tensor:
@@ -127,20 +156,23 @@ def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, ep
     limit), the same-sign one for v's first half of channels and the opposite-sign one (keys' halves
     swapped) for the second, each normalised by (its feature sum / M + eps); the kernels return ∂φ, folded
     onto q, k and the power after them."""
-    return ops.polarity_attention(q, k, v, power, eps)[0]
+    return run("polarity_attention", q, k, v, power, eps)[0]
 
 
 def polarity_setup(ctx, inputs: tuple, output: tuple) -> None:
     q, k, v, power, _ = inputs
     ctx.mark_non_differentiable(*output[1:])
     ctx.save_for_backward(q, k, v, power, *output[1:])
+    ctx.impl = torch.ops.segattn
 
 
 def polarity_backward(ctx, grad: Tensor, *_) -> tuple:
     q, k, v, power, *saved = ctx.saved_tensors
     needs_q, needs_k, _, needs_power, _ = ctx.needs_input_grad
     needs = [needs_q, needs_k, needs_power]
-    grad_q, grad_k, grad_power, grad_v = ops.polarity_attention_backward(grad, q, k, v, power, saved, needs)
+    grad_q, grad_k, grad_power, grad_v = ctx.impl.polarity_attention_backward(
+        grad, q, k, v, power, saved, needs
+    )
     return (
         grad_q if needs_q else None,
         grad_k if needs_k else None,
@@ -150,4 +182,11 @@ def polarity_backward(ctx, grad: Tensor, *_) -> tuple:
     )
 
 
-ops.polarity_attention.register_autograd(polarity_backward, setup_context=polarity_setup)
+# forward operator -> (setup, backward): registered on the operators, and called by ``Direct``
+FORMULAS: dict[str, tuple[Callable, Callable]] = {
+    "kernel_attention": (kernel_setup, kernel_backward),
+    "focused_attention": (focused_setup, focused_backward),
+    "polarity_attention": (polarity_setup, polarity_backward),
+}
+for name, (setup, backward) in FORMULAS.items():
+    torch.library.register_autograd(f"segattn::{name}", backward, setup_context=setup)

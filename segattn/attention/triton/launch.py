@@ -100,18 +100,23 @@ class Blocks:
 
     @staticmethod
     def of(d: int, dv: int, dtype: torch.dtype) -> Blocks:
-        D, DV = padded(d), padded(dv)
-        wide = max(D, DV) > 64
         # fp32 inputs follow PyTorch's TF32 setting for matmuls; half inputs carry less than TF32's mantissa
         tf32 = dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
-        block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 16 if wide else 64
-        warps = 8 if wide else 4
-        tuning = ACTIVE_TUNING
-        block, warps = tuning.block_n or block, tuning.num_warps or warps
-        return Blocks(D, DV, block, warps, "tf32" if tf32 else "ieee")
+        return planned_blocks(d, dv, tf32, ACTIVE_TUNING)
 
     def constants(self) -> dict:
         return {"D": self.D, "DV": self.DV, "BLOCK_N": self.BLOCK_N, "PRECISION": self.precision}
+
+
+@functools.lru_cache(maxsize=256)
+def planned_blocks(d: int, dv: int, tf32: bool, tuning: Tuning) -> Blocks:
+    """``Blocks.of``, planned once per head dims, precision and tuning (every call of a layer asks again)."""
+    D, DV = padded(d), padded(dv)
+    wide = max(D, DV) > 64
+    block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 16 if wide else 64
+    warps = 8 if wide else 4
+    block, warps = tuning.block_n or block, tuning.num_warps or warps
+    return Blocks(D, DV, block, warps, "tf32" if tf32 else "ieee")
 
 
 @functools.cache
@@ -121,8 +126,13 @@ def multiprocessors(device: torch.device) -> int:
 
 def target_programs(device: torch.device) -> int:
     """Programs a reduction over N aims for: a few per multiprocessor (one wave fills the GPU)."""
+    return planned_programs(device, ACTIVE_TUNING.programs_per_sm)
+
+
+@functools.lru_cache(maxsize=64)
+def planned_programs(device: torch.device, programs_per_sm: int | None) -> int:
     if device.type == "cuda" and not load_kernels().INTERPRETED:
-        return (ACTIVE_TUNING.programs_per_sm or 4) * multiprocessors(device)
+        return (programs_per_sm or 4) * multiprocessors(device)
     return INTERPRETER_PROGRAMS
 
 

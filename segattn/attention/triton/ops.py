@@ -1,14 +1,16 @@
 """The Triton path as torch operators (``torch.library.custom_op``, namespace ``segattn``), so that
 ``torch.compile`` keeps calling the kernels: an operator is one opaque node of the compiled graph (its
 ``register_fake`` shapes let the compiler plan around it), where an autograd Function made it fall back
-to the plain formula. The autograd formulas are registered in ``functions.py``.
+to the plain formula. The autograd formulas are registered in ``functions.py``, which in eager mode calls
+the functions below directly instead (the dispatcher's Python path costs tens of µs per operator call).
 
 Each attention is a forward operator that also returns what its backward reads (the extended contexts,
 1/den per token, the key softmax's statistics: empty where there are none) and backward operators. The
 generic kernel attention and FLatten's split their backward in two around the context gradient, which on
 a band of a split image is summed over the bands in between (``parallel.token_reducer``, captured in the
 forward); their forward sums the context itself. Operators take plain scalars: a feature map is its
-name (``FeatureMap.name``), scale and eps.
+number (``MAP_KINDS``: ``FeatureMap.name``'s place), scale and eps; several scalars travel as one list
+(each operator argument costs host time per call).
 
 - ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_query_backward -> (∂q,
   ∂kv)``, ``kernel_attention_keys_backward -> (∂k, ∂v)``;
@@ -21,6 +23,7 @@ name (``FeatureMap.name``), scale and eps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -42,13 +45,27 @@ from .launch import (
     query_backward,
 )
 
-MAP_KINDS = ("identity", "elu", "relu", "l2", "softmax_channels", "softmax_tokens")  # kernels.IDENTITY ...
+# The feature maps by name, in the order of their numbers in the kernels (kernels.IDENTITY ... SOFTMAX_N)
+MAP_KINDS = ("identity", "elu", "relu", "l2", "softmax_channels", "softmax_tokens")
+KEY_SOFTMAX = MAP_KINDS.index("softmax_tokens")
 
 
-def map_spec(name: str, scale: float, eps: float, columns: Tensor | None = None) -> MapSpec:
-    """The kernels' map of a ``FeatureMap`` by name; ``columns``: the key softmax's statistics."""
-    spec = MapSpec(MAP_KINDS.index(name), scale=scale, eps=eps)
-    if name == "softmax_tokens":
+OPERATORS: list[str] = []  # the names registered by ``operator``
+
+
+def operator(fn: Callable) -> Callable:
+    """Register ``fn`` as the operator ``segattn::<its name>`` and return it unchanged: in eager mode the
+    Triton path calls it directly (``functions.run``), sparing the dispatcher's per-call cost."""
+    custom_op(f"segattn::{fn.__name__}", fn, mutates_args=())
+    OPERATORS.append(fn.__name__)
+    return fn
+
+
+def map_spec(kind: int, scale: float, eps: float, columns: Tensor | None = None) -> MapSpec:
+    """The kernels' map number ``kind`` (``MAP_KINDS``) with its scalars; ``columns``: the key softmax's
+    statistics."""
+    spec = MapSpec(kind, scale=scale, eps=eps)
+    if kind == KEY_SOFTMAX:
         d = columns.shape[-1]
         spec = replace(spec, cols=columns, col_strides=(3 * d, 0, d))
     return spec
@@ -75,23 +92,14 @@ def context_like(k: Tensor, d: int, dv: int) -> Tensor:
     return floats(k, k.shape[0] * k.shape[1], d + 1, dv + 1)
 
 
-@custom_op("segattn::kernel_attention", mutates_args=())
+@operator
 def kernel_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    query_map: str,
-    query_scale: float,
-    query_eps: float,
-    key_map: str,
-    key_scale: float,
-    key_eps: float,
-    factor: float,
-    eps: float,
-    normalize: bool,
-    taylor: bool,
+    q: Tensor, k: Tensor, v: Tensor, maps: list[int], scalars: list[float], normalize: bool, taylor: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    columns = key_softmax_columns(k) if key_map == "softmax_tokens" else floats(k, 0)
+    """``maps``: φq's and φk's numbers (``MAP_KINDS``); ``scalars``: φq's scale and eps, φk's scale and eps,
+    the context scale c and the normaliser's eps."""
+    (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, factor, eps) = maps, scalars
+    columns = key_softmax_columns(k) if key_map == KEY_SOFTMAX else floats(k, 0)
     kv = token_reducer()(context(k, v, map_spec(key_map, key_scale, key_eps, columns), factor))
     out = output_like(q, v)
     inv = apply(q, kv, out, map_spec(query_map, query_scale, query_eps), eps, normalize, taylor)
@@ -99,52 +107,44 @@ def kernel_attention(
 
 
 @register_fake("segattn::kernel_attention")
-def _(
-    q, k, v, query_map, query_scale, query_eps, key_map, key_scale, key_eps, factor, eps, normalize, taylor
-):
+def _(q, k, v, maps, scalars, normalize, taylor):
     (batch, heads, tokens, d), dv = q.shape, v.shape[-1]
     inv = floats(q, batch * heads, tokens) if normalize else floats(q, 0)
-    columns = floats(k, batch * heads, 3, d) if key_map == "softmax_tokens" else floats(k, 0)
+    columns = floats(k, batch * heads, 3, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
     return output_like(q, v), context_like(k, d, dv), inv, columns
 
 
-@custom_op("segattn::kernel_attention_query_backward", mutates_args=())
+@operator
 def kernel_attention_query_backward(
-    q: Tensor,
-    grad: Tensor,
-    kv: Tensor,
-    inv: Tensor,
-    query_map: str,
-    query_scale: float,
-    query_eps: float,
-    normalize: bool,
-    taylor: bool,
+    q: Tensor, grad: Tensor, kv: Tensor, inv: Tensor, query_map: int, scalars: list[float], taylor: bool
 ) -> tuple[Tensor, Tensor]:
+    """``inv``: the forward's 1/den, [B·h, N] (empty, 1-d, without a normaliser); ``scalars``: φq's scale
+    and eps."""
     grad_q = empty_in_order(q, q.dtype)
-    spec = map_spec(query_map, query_scale, query_eps)
-    grad_kv = query_backward(q, grad, kv, inv if normalize else None, grad_q, spec, taylor)
+    spec = map_spec(query_map, *scalars)
+    grad_kv = query_backward(q, grad, kv, inv if inv.dim() == 2 else None, grad_q, spec, taylor)
     return grad_q, grad_kv
 
 
 @register_fake("segattn::kernel_attention_query_backward")
-def _(q, grad, kv, inv, query_map, query_scale, query_eps, normalize, taylor):
+def _(q, grad, kv, inv, query_map, scalars, taylor):
     return empty_in_order(q, q.dtype), torch.empty_like(kv, memory_format=torch.contiguous_format)
 
 
-@custom_op("segattn::kernel_attention_keys_backward", mutates_args=())
+@operator
 def kernel_attention_keys_backward(
     k: Tensor,
     v: Tensor,
     kv: Tensor,
     grad_kv: Tensor,
     columns: Tensor,
-    key_map: str,
-    key_scale: float,
-    key_eps: float,
-    factor: float,
+    key_map: int,
+    scalars: list[float],
     taylor: bool,
 ) -> tuple[Tensor, Tensor]:
-    if key_map == "softmax_tokens":  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S: its row 2
+    """``scalars``: φk's scale and eps, and the context scale c."""
+    key_scale, key_eps, factor = scalars
+    if key_map == KEY_SOFTMAX:  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S: its row 2
         d, dv = k.shape[-1], v.shape[-1]
         columns = columns.clone()
         columns[:, 2] = (grad_kv[:, :d, :dv] * kv[:, :d, :dv]).sum(dim=-1)
@@ -156,7 +156,7 @@ def kernel_attention_keys_backward(
 
 
 @register_fake("segattn::kernel_attention_keys_backward")
-def _(k, v, kv, grad_kv, columns, key_map, key_scale, key_eps, factor, taylor):
+def _(k, v, kv, grad_kv, columns, key_map, scalars, taylor):
     return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
 
 
@@ -174,7 +174,7 @@ def focus_map(x: Tensor, inv_scale: Tensor, power: float, heads: int) -> MapSpec
     return MapSpec(FOCUS, power=power, rows=stats, cols=inv_scale, col_strides=cols)
 
 
-@custom_op("segattn::focused_attention", mutates_args=())
+@operator
 def focused_attention(
     q: Tensor, k: Tensor, v: Tensor, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -197,7 +197,7 @@ def _(q, k, v, local, scale, power, eps, heads):
     )
 
 
-@custom_op("segattn::focused_attention_query_backward", mutates_args=())
+@operator
 def focused_attention_query_backward(
     q: Tensor, grad: Tensor, kv: Tensor, inv: Tensor, scale: Tensor, power: float, heads: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -216,7 +216,7 @@ def _(q, grad, kv, inv, scale, power, heads):
     return empty_in_order(q, q.dtype), torch.empty_like(kv), floats(q, q.shape[-1])
 
 
-@custom_op("segattn::focused_attention_keys_backward", mutates_args=())
+@operator
 def focused_attention_keys_backward(
     k: Tensor, v: Tensor, grad_kv: Tensor, scale: Tensor, power: float, heads: int, tokens: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -257,7 +257,7 @@ def halves(v: Tensor) -> tuple[slice, slice]:
     return slice(None, half), slice(half, None)
 
 
-@custom_op("segattn::polarity_attention", mutates_args=())
+@operator
 def polarity_attention(
     q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -277,7 +277,7 @@ def _(q, k, v, power, eps):
     return output_like(q, v), contexts[0], inv[0], contexts[1], inv[1]
 
 
-@custom_op("segattn::polarity_attention_backward", mutates_args=())
+@operator
 def polarity_attention_backward(
     grad: Tensor,
     q: Tensor,
