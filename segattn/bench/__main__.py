@@ -29,15 +29,15 @@ from .specs import parse_count, parse_spec
 # Per part and device kind ("smoke" for --smoke): the defaults of every option left unset.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "op": {
-        "smoke": {"sizes": ["256", "1k"], "repeats": 2, "config_seconds": 1.0, "max_call_seconds": 5.0},
+        "smoke": {"sizes": ["256", "1k"], "repeats": 5, "config_seconds": 1.0, "max_call_seconds": 5.0},
         "cpu": {"sizes": ["1k", "4k", "16k", "64k", "256k"], "repeats": 5, "config_seconds": 20.0}
         | {"max_call_seconds": 60.0},
         "cuda": {"sizes": ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k", "256k"], "repeats": 20}
         | {"config_seconds": 2.0, "max_call_seconds": 10.0, "kernels": ["torch", "triton"]},
     },
     "model": {
-        "smoke": {"image_sizes": [64], "repeats": 1, "dtypes": ["fp32"], "max_step_seconds": 30.0},
-        "cpu": {"image_sizes": [256, 512, 1024], "repeats": 3, "dtypes": ["fp32"], "max_step_seconds": 300.0},
+        "smoke": {"image_sizes": [64], "repeats": 5, "dtypes": ["fp32"], "max_step_seconds": 30.0},
+        "cpu": {"image_sizes": [256, 512, 1024], "repeats": 5, "dtypes": ["fp32"], "max_step_seconds": 300.0},
         "cuda": {"image_sizes": [256, 512, 1024, 2048], "repeats": 10, "dtypes": ["bf16"]}
         | {"max_step_seconds": 30.0},
     },
@@ -82,13 +82,15 @@ def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> Non
         dim=values.get("dim", 64),
         heads=values.get("heads", 2),
         repeats=values["repeats"],
-        warmup=values.get("warmup", 1),
+        warmup=values.get("warmup", 2),
         config_seconds=values["config_seconds"],
         max_call_seconds=values["max_call_seconds"],
         clock=args.clock,
         memory=not args.no_memory,
         compile=args.compile,
         kernels=values.get("kernels") or ["auto"],
+        profile=not values.get("no_profile"),
+        profile_tokens=parse_count(values["profile_tokens"]) if values.get("profile_tokens") else None,
     )
     run(settings, device, out_dir)
 
@@ -103,12 +105,14 @@ def run_model(args: argparse.Namespace, device: torch.device, out_dir: Path) -> 
         variants=[parse_spec(text) for text in variants] if variants else None,
         image_sizes=values["image_sizes"],
         dtypes=values["dtypes"],
-        batch=values.get("batch", 1),
+        batch=values.get("batch") or [1],
         repeats=values["repeats"],
         max_step_seconds=values["max_step_seconds"],
         clock=args.clock,
         memory=not args.no_memory,
         compile=args.compile,
+        kernels=values.get("kernels") or ["auto"],
+        time_budget=values.get("time_budget"),
     )
     run(settings, device, out_dir)
 
@@ -131,6 +135,8 @@ def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) ->
         dtype=values.get("dtype") or ("bf16" if device.type == "cuda" else "fp32"),
         extrapolate_gib=values.get("extrapolate_gib", 24.0),
         bands=values.get("spatial") or [1],
+        compile=args.compile,
+        kernels=values.get("kernels") or ["auto"],
     )
     run(settings, device, out_dir)
 
@@ -241,7 +247,7 @@ def common_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--compile",
         action="store_true",
-        help="also time each variant under torch.compile (op, model), labelled <variant>+compile",
+        help="also run each variant under torch.compile (op, model, maxres), labelled <variant>+compile",
     )
     return common
 
@@ -266,6 +272,10 @@ def add_op_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-call-seconds", type=flags.positive_float, help="skip sizes predicted slower than this per call"
     )
+    group.add_argument("--no-profile", action="store_true", help="skip the host/device profile of one call")
+    group.add_argument(
+        "--profile-tokens", type=flags.count, help="profile at this size (default: the largest each ran at)"
+    )
     group.add_argument(
         "--kernels",
         nargs="+",
@@ -281,6 +291,13 @@ def add_model_options(parser: argparse.ArgumentParser, maxres: bool) -> None:
     group = parser.add_argument_group("maxres" if maxres else "model")
     group.add_argument(
         "--models", nargs="+", type=flags.model, help="model specs, e.g. pvt:size=b0 vit:size=small"
+    )
+    group.add_argument(
+        "--kernels",
+        nargs="+",
+        type=flags.kernel_path,
+        help="SEGATTN_KERNEL values (auto, torch, triton) each model is built under, side by side: rows "
+        "<variant>@<kernel> for the variants with a Triton path (default: auto, as the environment says)",
     )
     if maxres:
         group.add_argument(
@@ -309,13 +326,21 @@ def add_model_options(parser: argparse.ArgumentParser, maxres: bool) -> None:
         )
     else:
         group.add_argument(
-            "--image-sizes", nargs="+", type=flags.positive_int, help="square image sizes, e.g. 256 512 1024"
+            "--image-sizes",
+            nargs="+",
+            type=flags.image_size,
+            help="image sizes: sides of squares or WIDTHxHEIGHT, e.g. 2048 4096 4288x2848",
         )
         group.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16", "fp16"])
-        group.add_argument("--batch", type=flags.positive_int)
+        group.add_argument("--batch", nargs="+", type=flags.positive_int, help="batch sizes, one row each")
         group.add_argument("--repeats", type=flags.positive_int)
         group.add_argument(
             "--max-step-seconds", type=flags.positive_float, help="skip sizes predicted slower than this"
+        )
+        group.add_argument(
+            "--time-budget",
+            type=flags.positive_float,
+            help="seconds for the timing: sizes not started by then are skipped, and the table says so",
         )
 
 

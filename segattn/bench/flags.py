@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from .specs import Spec, parse_count, parse_spec
+from .specs import Spec, parse_count, parse_image_size, parse_spec
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -61,6 +61,15 @@ def count(text: str) -> str:
     return text
 
 
+def image_size(text: str) -> str:
+    """An image size: a side (``2048``) or ``WIDTHxHEIGHT`` (``4288x2848``); kept as text."""
+    try:
+        parse_image_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def variant(text: str) -> str:
     """An attention spec whose name is a registered variant (``flatten``, ``linear:feature_map=relu``)."""
     from ..attention import attention_class
@@ -84,6 +93,13 @@ def kernel(text: str) -> str:
             Tuning.parse(tuning)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def kernel_path(text: str) -> str:
+    """A SEGATTN_KERNEL value a whole model is built under: ``auto``, ``torch`` or ``triton``."""
+    if text not in ("auto", "torch", "triton"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, torch or triton (SEGATTN_KERNEL)")
     return text
 
 

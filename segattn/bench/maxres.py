@@ -5,7 +5,10 @@ little above the budget, so an oversized probe fails with an allocation error in
 machine. A probe fits when it finishes and its peak memory (weights, optimizer state, activations) is
 within the budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``.
 The peaks of the fitting probes also give a linear fit (bytes = a + b·pixels) that predicts the maxres
-for a larger budget than this machine has (``--extrapolate-gib``), reported as an extrapolation.
+for a larger budget than this machine has (``--extrapolate-gib``), reported as an extrapolation. Each
+variant runs eager and, with ``--compile``, compiled (a compiled probe compiles on a throwaway step first),
+on each kernel path of ``--kernels``, as ``bench model`` labels them; ``peak_bytes_per_mpx`` is the largest
+fitting probe's peak per megapixel.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .bands import band_probe_child
 from .measure import Emit, PeakMemory, guard_memory, run_isolated, time_call, total_memory_budget
 from .model import TrainStep, build_kwargs
 from .report import Panel, format_bytes, plot_panels, print_table, progress, write_csv
-from .specs import Spec
+from .specs import Spec, with_compiled, with_kernels
 
 PROBE_STEPS = 2  # a training process's heap grows over its first steps (most with reused memory)
 
@@ -41,6 +44,13 @@ class MaxresSettings:
     dtype: str = "fp32"
     extrapolate_gib: float | None = 24.0
     bands: list[int] = field(default_factory=lambda: [1])  # P > 1: one image split over P processes
+    compile: bool = False  # also each variant's compiled twin (one process only)
+    kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values, side by side
+
+    @property
+    def rows(self) -> list[Spec]:
+        """The variants as labelled rows: eager and compiled, per kernel path."""
+        return with_kernels(with_compiled(self.variants, self.compile), self.kernels)
 
 
 def default_models(smoke: bool) -> list[str]:
@@ -59,8 +69,11 @@ def probe_child(task: dict[str, Any], emit: Emit) -> None:
     reuse_freed_memory()
     device = torch.device(task["device"])
     guard_memory(device, task["guard"])
+    args = (task["kwargs"], task["size"], 1, task["dtype"], device, task["checkpointing"])
+    if task["compiled"]:  # the compiler's own work and memory stay out of the peak
+        TrainStep(*args, compiled=True, kernel=task["kernel"])()
     with PeakMemory(device) as peak:
-        step = TrainStep(task["kwargs"], task["size"], 1, task["dtype"], device, task["checkpointing"])
+        step = TrainStep(*args, compiled=task["compiled"], kernel=task["kernel"])
         seconds = [time_call(step, device) for _ in range(PROBE_STEPS)][-1]
         del step
     emit({"status": "ok", "peak_bytes": peak.peak, "seconds": seconds})
@@ -111,6 +124,8 @@ def probe(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     if row["status"] == "ok" and row["peak_bytes"] > task["budget"]:
         row["status"] = "over budget"
     row["fits"] = row["status"] == "ok"
+    if row["peak_bytes"]:
+        row["peak_bytes_per_mpx"] = row["peak_bytes"] / (task["size"] ** 2 / 1e6)
     return row
 
 
@@ -140,9 +155,8 @@ def find_maxres(
     """Bisect one (model, variant, checkpointing, bands); return its result row and the probe history.
     The budget is per process; with ``bands`` processes on this machine each is guarded at its share of
     what is free."""
-    if bands > 1 and device.type != "cpu":
-        raise ValueError("bench maxres --spatial runs its band processes on the CPU (gloo); use --device cpu")
     task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
+    task |= {"compiled": variant.compiled, "kernel": variant.kernel}
     task["guard"] = min(
         budget, total_memory_budget(device, fraction=0.9) // bands
     )  # never beyond what is free
@@ -165,6 +179,7 @@ def find_maxres(
     fitting = [r for r in history if r["fits"]]
     largest = max(fitting, key=lambda r: r["size"]) if fitting else None
     row["traffic_bytes_per_step"] = largest["traffic_bytes"] if largest else None
+    row["peak_bytes_per_mpx"] = largest["peak_bytes_per_mpx"] if largest else None
     row |= {"limited_by": failures[0]["status"] if failures else "max size", "budget_bytes": budget}
     row["probes"] = len(history)
     if settings.extrapolate_gib:
@@ -183,9 +198,15 @@ def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[d
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     for model in settings.models:
-        for variant in settings.variants:
+        for variant in settings.rows:
             for checkpointing in settings.checkpointing:
                 for bands in settings.bands:
+                    if bands > 1 and variant.compiled:  # the band processes train the eager model
+                        row = {"model": model.label, "variant": variant.label, "checkpointing": checkpointing}
+                        rows.append(
+                            row | {"bands": bands, "maxres": None, "limited_by": "not run", "probes": 0}
+                        )
+                        continue
                     row, history = find_maxres(model, variant, checkpointing, bands, settings, budget, device)
                     rows.append(row)
                     probes += history
@@ -205,7 +226,7 @@ def report(
     extra = f"extrapolated_{settings.extrapolate_gib:g}gib" if settings.extrapolate_gib else None
     columns = [f"{m.label}{', ckpt' if c else ''}" for m in settings.models for c in settings.checkpointing]
     table = []
-    for variant, bands in ((v, b) for v in settings.variants for b in settings.bands):
+    for variant, bands in ((v, b) for v in settings.rows for b in settings.bands):
         line = [variant.label + (f", {bands} bands" if bands > 1 else "")]
         for model in settings.models:
             for checkpointing in settings.checkpointing:
@@ -215,8 +236,13 @@ def report(
                     if (r["model"], r["variant"], r["checkpointing"], r["bands"])
                     == (model.label, variant.label, checkpointing, bands)
                 )
+                if row["maxres"] is None:
+                    line.append("not run: bands train the eager model")
+                    continue
                 text = f"{row['maxres']}² ({row['limited_by']}, {row['probes']} probes)"
-                if extra and row[extra] is not None:
+                if row["peak_bytes_per_mpx"]:
+                    text += f"\n{format_bytes(row['peak_bytes_per_mpx'])}/MP at {row['maxres']}²"
+                if extra and row.get(extra) is not None:
                     text += f"\n≈{row[extra]}² at {settings.extrapolate_gib:g} GiB"
                 line.append(text)
         table.append(line)
@@ -224,7 +250,7 @@ def report(
         f"largest square image training at batch 1 ({settings.dtype}) within {format_bytes(budget)}, "
         f"bisection on multiples of {settings.step} up to {settings.max_size}; '≈' lines extrapolate the "
         "probes' peaks linearly in pixels; with bands, peaks are the largest process's and the budget is per "
-        "process. Probe history: maxres_probes.csv"
+        "process; /MP = the largest fitting probe's peak per megapixel. Probe history: maxres_probes.csv"
     )
     print_table("maxres", ["variant", *columns], table, caption)
     panels = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import resource
+import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -59,6 +60,44 @@ def time_call(fn: Callable[[], object], device: torch.device, clock: str = "wall
     begin = now()
     fn()
     return now() - begin
+
+
+# The fewest timed repeats a configuration gets when it is slower than the seconds it was given (unless
+# fewer were asked for): a median of one sample is a guess.
+MIN_REPEATS = 5
+
+
+def interleaved_medians(
+    calls: dict[str, Callable[[], object]],
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    config_seconds: float,
+    clock: str = "wall",
+) -> dict[str, tuple[float, int] | str]:
+    """Median seconds and sample count per call, timing the calls round-robin so noise hits all alike.
+
+    Each call is warmed up first (``warmup`` calls: the first compiles, whether torch.compile or a Triton
+    JIT); the last warm-up call sets how many repeats fit in ``config_seconds``, never fewer than
+    ``MIN_REPEATS`` (or ``repeats`` if that is less). A call that raises is dropped and its error returned.
+    """
+    results: dict[str, tuple[float, int] | str] = {}
+    wanted: dict[str, int] = {}
+    for name, fn in calls.items():
+        try:
+            seconds = [time_call(fn, device, clock) for _ in range(max(1, warmup))][-1]
+        except RuntimeError as error:
+            results[name] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:120]}"
+            continue
+        fitting = int(config_seconds / max(seconds, 1e-9))
+        wanted[name] = min(repeats, max(MIN_REPEATS, fitting))
+    samples: dict[str, list[float]] = {name: [] for name in wanted}
+    for round_ in range(max(wanted.values(), default=0)):
+        for name, count in wanted.items():
+            if round_ < count:
+                samples[name].append(time_call(calls[name], device, clock))
+    results.update({name: (statistics.median(times), len(times)) for name, times in samples.items()})
+    return results
 
 
 def _proc_status_kib(key: str) -> int:
@@ -206,19 +245,25 @@ def run_isolated(
 
 def fill_peaks(
     rows: list[dict[str, Any]],
-    key: str,
+    key: str | tuple[str, ...],
     child: Callable[[dict[str, Any], Emit], None],
     task: dict[str, Any],
     timeout: float,
 ) -> None:
     """Run a memory ``child`` on ``task`` in a fresh process; it emits ``{key: …, "peak_bytes": …}`` per
-    configuration, which lands in the row with the same ``key``. Rows it never reached get a note why."""
+    configuration (``key``: one column or several), which lands in the row with the same values. Rows it
+    never reached get a note why."""
+    keys = (key,) if isinstance(key, str) else key
     messages, ending = run_isolated(child, task, timeout)
-    peaks = {message[key]: message["peak_bytes"] for message in messages if key in message}
+    peaks = {
+        tuple(message[k] for k in keys): message["peak_bytes"]
+        for message in messages
+        if all(k in message for k in keys)
+    }
     failure = next((message["error"] for message in messages if "error" in message), ending)
     for row in rows:
-        if row[key] in peaks:
-            row["peak_bytes"] = peaks[row[key]]
+        if (ident := tuple(row[k] for k in keys)) in peaks:
+            row["peak_bytes"] = peaks[ident]
         else:
             row["note"] = (row["note"] + "; " if row["note"] else "") + f"memory: {failure}"
 

@@ -1,16 +1,22 @@
 """``bench model``: one full training step (forward, loss, backward, AdamW step) per model and variant.
 
 A variant spec's options go to the attention when it accepts them and to the model family otherwise, so
-``softmax:sr_ratios=[1,1,1,1]`` is PVT with softmax and no spatial reduction. Steps of all variants at one
-image size are timed round-robin; peak memory (weights, optimizer state and activations) comes from a
-fresh child per (model, variant).
+``softmax:sr_ratios=[1,1,1,1]`` is PVT with softmax and no spatial reduction. Each variant runs as the
+user would run it: eager and, with ``--compile``, compiled (``linear+compile``), on each kernel path of
+``--kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are
+square (``2048``) or not (``4288x2848``, width x height), at each batch of ``--batch``. Steps of all rows
+at one image size and batch are timed round-robin after warm-up rounds that include compilation; peak
+memory (weights, optimizer state and activations, also per megapixel of the batch) comes from a fresh
+child per (model, variant).
 """
 
 from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,8 @@ import torch.nn.functional as F
 
 from ..attention import attention_class, attention_options
 from ..cpu_memory import return_freed_memory
+from ..training.chunked_loss import chunked_seg_loss
+from ..training.losses import SegLoss
 from .measure import (
     Emit,
     PeakMemory,
@@ -29,26 +37,51 @@ from .measure import (
     time_call,
 )
 from .op import DTYPES
-from .report import Panel, grid, plot_panels, print_table, progress, write_csv
-from .specs import Spec, compile_options, parse_spec, with_compiled
+from .report import Panel, format_bytes, grid, plot_panels, print_table, progress, write_csv
+from .specs import (
+    Spec,
+    compile_options,
+    format_image_size,
+    kernel_path,
+    parse_image_size,
+    parse_spec,
+    size_label,
+    with_compiled,
+    with_kernels,
+)
 
 NUM_CLASSES = 19
 NO_REDUCTION = "softmax:sr_ratios=[1,1,1,1]"
+Size = int | str | tuple[int, int]  # 2048, "4288x2848" (width x height) or (height, width)
 
 
 @dataclass
 class ModelSettings:
     models: list[Spec]
     variants: list[Spec] | None  # None: each model's default_variants
-    image_sizes: list[int]
+    image_sizes: list[Size]
     dtypes: list[str]
-    batch: int = 1
-    repeats: int = 3
+    batch: int | list[int] = 1  # several: one row per batch
+    repeats: int = 5
     max_step_seconds: float = 300.0
     clock: str = "wall"
     memory: bool = True
     memory_timeout: float = 3600.0
     compile: bool = False  # also each variant's compiled twin
+    kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values, side by side
+    time_budget: float | None = None  # seconds: sizes not started by then are skipped (and say so)
+
+    @property
+    def batches(self) -> list[int]:
+        return [self.batch] if isinstance(self.batch, int) else list(self.batch)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(height, width) of every image size, fewest pixels first."""
+        return sorted(
+            (parse_image_size(s) if not isinstance(s, tuple) else s for s in self.image_sizes),
+            key=lambda hw: (hw[0] * hw[1], hw),
+        )
 
 
 def default_models(smoke: bool) -> list[str]:
@@ -77,111 +110,178 @@ def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
 
 
 class TrainStep:
-    """A model, its AdamW optimizer and one random batch; calling it runs one training step (with the
-    network compiled in place when ``compiled``; its first steps compile)."""
+    """A model, its AdamW optimizer and one random batch of ``size`` (a side or (height, width)); calling it
+    runs one training step (with the network compiled in place when ``compiled``; its first steps compile),
+    on the ``kernel`` path (a SEGATTN_KERNEL value)."""
 
     def __init__(
         self,
         kwargs: dict[str, Any],
-        size: int,
+        size: int | tuple[int, int],
         batch: int,
         dtype: str,
         device: torch.device,
         checkpointing: bool = False,
         compiled: bool = False,
+        kernel: str = "auto",
     ) -> None:
         from ..models import build_model
 
+        height, width = (size, size) if isinstance(size, int) else size
+        kwargs = dict(kwargs)  # options of the step in the spec: loss_chunk_rows, grad_checkpointing
+        self.chunk_rows = kwargs.pop("loss_chunk_rows", None)
+        checkpointing = checkpointing or bool(kwargs.get("grad_checkpointing"))
         self.device, self.dtype = device, DTYPES[dtype]
-        self.model = build_model(**kwargs).to(device).train()
+        with kernel_path(kernel):
+            self.model = build_model(**kwargs).to(device).train()
         self.model.set_grad_checkpointing(checkpointing)
+        self.compiled = compiled
         if compiled:
             self.model.compile(**compile_options())
         self.optimizer = torch.optim.AdamW(self.model.param_groups(lr=1e-4, weight_decay=0.01))
-        self.images = torch.randn(batch, 3, size, size, device=device)
-        self.masks = torch.randint(0, NUM_CLASSES, (batch, size, size), device=device)
+        self.images = torch.randn(batch, 3, height, width, device=device)
+        self.masks = torch.randint(0, NUM_CLASSES, (batch, height, width), device=device)
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.dtype):
-            logits, aux = self.model.forward_with_aux(self.images)
-        loss = F.cross_entropy(logits.float(), self.masks)
+            logits, aux = self.model.forward_with_aux(self.images, upsample=self.chunk_rows is None)
+        loss = self.loss(logits)
         if aux is not None:
-            loss = loss + self.model.aux_weight * F.cross_entropy(aux.float(), self.masks)
+            loss = loss + self.model.aux_weight * self.loss(aux)
         loss.backward()
         self.optimizer.step()
+
+    def loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cross entropy on full-size logits, or from stride-4 ones in row chunks (``loss_chunk_rows``)."""
+        if self.chunk_rows is None:
+            return F.cross_entropy(logits.float(), self.masks)
+        size = self.model.padded_size(*self.masks.shape[-2:])
+        return chunked_seg_loss(SegLoss(NUM_CLASSES), logits, self.masks, size, self.chunk_rows)
 
 
 def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
     specs = settings.variants
     if specs is None:
         specs = [parse_spec(text) for text in default_variants(False, model.name)]
-    return with_compiled(specs, settings.compile)
+    return with_kernels(with_compiled(specs, settings.compile), settings.kernels)
 
 
-def time_steps(settings: ModelSettings, device: torch.device) -> list[dict[str, Any]]:
-    """Median step time per (model, variant, dtype, size); variants of one size timed round-robin."""
+def row_label(variant: str, batch: int, settings: ModelSettings) -> str:
+    """A table row: the variant, with its batch when the run has several."""
+    return f"{variant}, batch {batch}" if len(settings.batches) > 1 else variant
+
+
+def time_steps(
+    settings: ModelSettings, device: torch.device, save: Callable[[list], None] | None = None
+) -> list[dict[str, Any]]:
+    """Median step time per (model, variant, dtype, size, batch); the variants of one size and batch are
+    timed round-robin. ``save(rows)`` after each of them: a run cut short keeps what it measured."""
+    deadline = time.monotonic() + settings.time_budget if settings.time_budget else float("inf")
     rows: list[dict[str, Any]] = []
     for model in settings.models:
         variants = variants_for(settings, model)
         for dtype in settings.dtypes:
-            history: dict[str, tuple[int, float]] = {}
-            failed: dict[str, str] = {}
-            for size in sorted(settings.image_sizes):
-                base = {"model": model.label, "dtype": dtype, "size": size, "batch": settings.batch}
-                steps: dict[str, TrainStep] = {}
-                for variant in variants:
-                    reason = predicted_too_slow(variant, size, history, settings)
-                    if variant.label in failed:
-                        reason = f"skipped: {failed[variant.label]}"
-                    if reason:
-                        rows.append({**base, "variant": variant.label, "status": "skipped", "note": reason})
-                        continue
-                    try:
-                        kwargs = build_kwargs(model, variant)
-                        steps[variant.label] = TrainStep(
-                            kwargs, size, settings.batch, dtype, device, compiled=variant.compiled
-                        )
-                    except (ValueError, TypeError) as error:
-                        failed[variant.label] = f"error: {error}"
-                        rows.append({**base, "variant": variant.label, "status": "error", "note": str(error)})
-                progress(f"model {model.label} {dtype} {size}²: {', '.join(steps) or 'nothing to time'}")
-                samples = round_robin(steps, device, settings, failed)
-                for label, times in samples.items():
-                    if label in failed:
-                        rows.append({**base, "variant": label, "status": failed[label].split(":")[0]})
-                        rows[-1]["note"] = failed[label]
-                        continue
-                    seconds = statistics.median(times)
-                    history[label] = (size, seconds)
-                    rows.append(
-                        {**base, "variant": label, "seconds": seconds, "repeats": len(times)}
-                        | {"images_per_s": settings.batch / seconds, "status": "ok", "note": ""}
+            history: dict[tuple[str, int], tuple[int, float]] = {}  # (label, batch) -> (pixels, seconds)
+            failed: dict[tuple[str, int], str] = {}
+            for height, width in settings.shapes:
+                for batch in settings.batches:
+                    base = {"model": model.label, "dtype": dtype, "size": size_label(height, width)}
+                    base |= {"height": height, "width": width, "batch": batch}
+                    steps = steps_to_time(
+                        model, variants, base, history, failed, rows, settings, device, deadline
                     )
-                del steps
+                    shape = f"{format_image_size(height, width)} ×{batch}"
+                    progress(f"model {model.label} {dtype} {shape}: {', '.join(steps) or 'nothing to time'}")
+                    errors: dict[str, str] = {}
+                    samples = round_robin(steps, device, settings, errors)
+                    del steps
+                    for label, times in samples.items():
+                        if label in errors:
+                            failed[label, batch] = errors[label]
+                            rows.append({**base, "variant": label, "status": errors[label].split(":")[0]})
+                            rows[-1]["note"] = errors[label]
+                            continue
+                        seconds = statistics.median(times)
+                        history[label, batch] = (height * width, seconds)
+                        rows.append(
+                            {**base, "variant": label, "seconds": seconds, "repeats": len(times)}
+                            | {"images_per_s": batch / seconds, "status": "ok", "note": ""}
+                        )
+                    if save:
+                        save(rows)
         add_speedups(rows, model.label, variants[0].label)
     return rows
 
 
+def steps_to_time(
+    model: Spec,
+    variants: list[Spec],
+    base: dict[str, Any],
+    history: dict[tuple[str, int], tuple[int, float]],
+    failed: dict[tuple[str, int], str],
+    rows: list[dict[str, Any]],
+    settings: ModelSettings,
+    device: torch.device,
+    deadline: float,
+) -> dict[str, TrainStep]:
+    """A ``TrainStep`` per variant to time at ``base``'s size and batch; a row for each of the others saying
+    why not: failed at a smaller size, predicted too slow, past the run's time budget, or failed to build
+    (a bad option, a kernel path this machine lacks, no memory)."""
+    steps: dict[str, TrainStep] = {}
+    batch, pixels = base["batch"], base["height"] * base["width"]
+    for variant in variants:
+        key = (variant.label, batch)
+        if key in failed:
+            reason = f"skipped: {failed[key]}"
+        elif time.monotonic() > deadline:
+            reason = f"skipped: past the run's time budget of {settings.time_budget:g} s"
+        else:
+            reason = predicted_too_slow(variant, pixels, history.get(key), settings)
+        if reason is None:
+            try:
+                steps[variant.label] = TrainStep(
+                    build_kwargs(model, variant),
+                    (base["height"], base["width"]),
+                    batch,
+                    base["dtype"],
+                    device,
+                    compiled=variant.compiled,
+                    kernel=variant.kernel,
+                )
+                continue
+            except (ValueError, TypeError, RuntimeError) as error:
+                reason = failed[key] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:200]}"
+        rows.append({**base, "variant": variant.label, "status": reason.split(":")[0], "note": reason})
+    return steps
+
+
 def predicted_too_slow(
-    variant: Spec, size: int, history: dict[str, tuple[int, float]], settings: ModelSettings
+    variant: Spec, pixels: int, last: tuple[int, float] | None, settings: ModelSettings
 ) -> str | None:
-    if variant.label not in history:
+    """Why a step is not timed at ``pixels`` per image, predicted from its ``last`` (pixels, seconds)."""
+    if last is None:
         return None
-    last_size, seconds = history[variant.label]
-    exponent = 4 if attention_class(variant.name).quadratic else 2  # cost in pixels² (N²) or pixels (N)
-    predicted = seconds * (size / last_size) ** exponent
+    last_pixels, seconds = last
+    exponent = 2 if attention_class(variant.name).quadratic else 1  # cost in pixels² (N²) or pixels (N)
+    predicted = seconds * (pixels / last_pixels) ** exponent
     if predicted > settings.max_step_seconds:
         return f"skipped: ~{predicted:.0f} s/step predicted > {settings.max_step_seconds:g} s"
     return None
 
 
+def warmup_rounds(steps: dict[str, TrainStep], device: torch.device) -> int:
+    """Untimed rounds before the timed ones: two where a first step compiles (``torch.compile``, or the
+    Triton kernels' JIT on a GPU), so the second runs what is then timed; one otherwise."""
+    compiling = any(step.compiled for step in steps.values())
+    return 2 if compiling or device.type == "cuda" else 1
+
+
 def round_robin(
     steps: dict[str, TrainStep], device: torch.device, settings: ModelSettings, failed: dict[str, str]
 ) -> dict[str, list[float]]:
-    """Warm-up steps (two with ``compile``: the first compiles), then ``repeats`` timed rounds of one step
-    per variant."""
-    warmup = 2 if settings.compile else 1
+    """Warm-up rounds (``warmup_rounds``), then ``repeats`` timed rounds of one step per variant."""
+    warmup = warmup_rounds(steps, device)
     samples: dict[str, list[float]] = {label: [] for label in steps}
     for round_ in range(warmup + settings.repeats):
         for label, step in steps.items():
@@ -199,32 +299,36 @@ def round_robin(
 
 
 def add_speedups(rows: list[dict[str, Any]], model: str, reference: str) -> None:
-    """``speedup`` = step time of the ``reference`` variant / this variant's (same model, size, dtype)."""
+    """``speedup`` = step time of the ``reference`` variant / this variant's (same model, size, batch,
+    dtype)."""
     mine = [row for row in rows if row["model"] == model and row["status"] == "ok"]
-    times = {(row["dtype"], row["size"]): row["seconds"] for row in mine if row["variant"] == reference}
+    times = {(r["dtype"], r["size"], r["batch"]): r["seconds"] for r in mine if r["variant"] == reference}
     for row in mine:
-        if (row["dtype"], row["size"]) in times:
-            row["speedup"] = times[row["dtype"], row["size"]] / row["seconds"]
+        if (key := (row["dtype"], row["size"], row["batch"])) in times:
+            row["speedup"] = times[key] / row["seconds"]
 
 
 def memory_child(task: dict[str, Any], emit: Emit) -> None:
-    """Child process: peak memory of one training step per size (fresh model and optimizer each; a compiled
-    variant compiles on a throwaway step first, so the compiler's own memory stays out of the peak)."""
+    """Child process: peak memory of one training step per (size, batch) (fresh model and optimizer each;
+    a compiled variant compiles on a throwaway step first, so the compiler's own memory stays out of the
+    peak)."""
     return_freed_memory()
     device = torch.device(task["device"])
-    make = functools.partial(TrainStep, task["kwargs"], batch=task["batch"], dtype=task["dtype"])
-    make = functools.partial(make, device=device, compiled=task["compiled"])
-    for size in task["sizes"]:
+    make = functools.partial(TrainStep, task["kwargs"], dtype=task["dtype"], device=device)
+    make = functools.partial(make, compiled=task["compiled"], kernel=task["kernel"])
+    for size, height, width, batch in task["cases"]:
         if task["compiled"]:
-            make(size)()
+            make((height, width), batch)()
         with PeakMemory(device) as peak:
-            step = make(size)
+            step = make((height, width), batch)
             step()
             del step
-        emit({"size": size, "peak_bytes": peak.peak})
+        emit({"size": size, "batch": batch, "peak_bytes": peak.peak})
 
 
 def measure_memory(rows: list[dict[str, Any]], settings: ModelSettings, device: torch.device) -> None:
+    """Fill ``peak_bytes`` and ``peak_bytes_per_mpx`` (per megapixel of the batch) of the timed rows, one
+    fresh child per (model, variant, dtype)."""
     for model in settings.models:
         for variant in variants_for(settings, model):
             for dtype in settings.dtypes:
@@ -234,52 +338,68 @@ def measure_memory(rows: list[dict[str, Any]], settings: ModelSettings, device: 
                 ]
                 if not mine:
                     continue
-                task = {"kwargs": build_kwargs(model, variant), "sizes": [r["size"] for r in mine]}
-                task |= {"compiled": variant.compiled}
-                task |= {"batch": settings.batch, "dtype": dtype, "device": str(device)}
-                fill_peaks(mine, "size", memory_child, task, settings.memory_timeout)
+                task = {"kwargs": build_kwargs(model, variant), "dtype": dtype, "device": str(device)}
+                task |= {"cases": [(r["size"], r["height"], r["width"], r["batch"]) for r in mine]}
+                task |= {"compiled": variant.compiled, "kernel": variant.kernel}
+                fill_peaks(mine, ("size", "batch"), memory_child, task, settings.memory_timeout)
+                for row in mine:
+                    if "peak_bytes" in row:
+                        row["peak_bytes_per_mpx"] = per_megapixel(row["peak_bytes"], row)
+
+
+def per_megapixel(peak_bytes: float, row: dict[str, Any]) -> float:
+    """Bytes per megapixel of the images a step trains on (batch × height × width)."""
+    return peak_bytes / (row["batch"] * row["height"] * row["width"] / 1e6)
 
 
 def measured_lines(row: dict[str, Any]) -> list[str]:
     lines = [f"{row['images_per_s']:.3g} img/s", f"{row['seconds']:.3g} s/step"]
     if "speedup" in row:
         lines.append(f"{row['speedup']:.3g}× first")
+    if "peak_bytes_per_mpx" in row:
+        lines.append(f"{format_bytes(row['peak_bytes_per_mpx'])}/MP")
     return lines
 
 
 def report(rows: list[dict[str, Any]], settings: ModelSettings, out_dir: Path) -> None:
-    """One table per (model, dtype); model.csv; model.png (images/s and peak memory against image size)."""
+    """One table per (model, dtype), a row per variant (and batch); model.csv; model.png (images/s and peak
+    memory against megapixels per image)."""
     write_csv(out_dir / "model.csv", rows)
-    sizes = sorted(settings.image_sizes)
+    shapes = settings.shapes
     panels = []
     for model in settings.models:
-        labels = [variant.label for variant in variants_for(settings, model)]
+        variants = [variant.label for variant in variants_for(settings, model)]
+        labels = [row_label(v, b, settings) for b in settings.batches for v in variants]
         for dtype in settings.dtypes:
             mine = {
-                (r["variant"], r["size"]): r for r in rows if (r["model"], r["dtype"]) == (model.label, dtype)
+                (row_label(r["variant"], r["batch"], settings), r["size"]): r
+                for r in rows
+                if (r["model"], r["dtype"]) == (model.label, dtype)
             }
-            table = grid(labels, sizes, mine, measured_lines)
+            table = grid(labels, [size_label(*hw) for hw in shapes], mine, measured_lines)
+            batches = " and ".join(map(str, settings.batches))
             caption = (
-                f"one training step (forward, cross-entropy, backward, AdamW) at batch {settings.batch}; "
-                f"speed-up relative to the first variant ({labels[0]}); peak = weights + optimizer state + "
-                "activations, fresh process"
+                f"one training step (forward, cross-entropy, backward, AdamW) at batch {batches}, median of "
+                f"{settings.repeats} after warm-up (compilation included); speed-up relative to the first "
+                f"variant ({variants[0]}); peak = weights + optimizer state + activations, fresh process; "
+                "/MP = peak per megapixel of the batch"
             )
-            print_table(
-                f"model {model.label}, {dtype}", ["variant"] + [f"{s}²" for s in sizes], table, caption
-            )
-            speed = Panel(f"{model.label}, {dtype}", "image side (pixels)", "images / s")
-            memory = Panel(f"{model.label}, {dtype}", "image side (pixels)", "peak bytes")
-            for row in mine.values():
+            columns = ["variant"] + [format_image_size(*hw) for hw in shapes]
+            print_table(f"model {model.label}, {dtype}", columns, table, caption)
+            speed = Panel(f"{model.label}, {dtype}", "megapixels per image", "images / s")
+            memory = Panel(f"{model.label}, {dtype}", "megapixels per image", "peak bytes")
+            for label, row in mine.items():
                 if row["status"] == "ok":
-                    speed.add(row["variant"], row["size"], row["images_per_s"])
+                    megapixels = row["height"] * row["width"] / 1e6
+                    speed.add(label[0], megapixels, row["images_per_s"])
                     if row.get("peak_bytes"):
-                        memory.add(row["variant"], row["size"], row["peak_bytes"])
+                        memory.add(label[0], megapixels, row["peak_bytes"])
             panels += [speed, memory] if settings.memory else [speed]
     plot_panels(out_dir / "model.png", panels, columns=2 if settings.memory else 1)
 
 
 def run(settings: ModelSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
-    rows = time_steps(settings, device)
+    rows = time_steps(settings, device, save=functools.partial(write_csv, out_dir / "model.csv"))
     if settings.memory:
         measure_memory(rows, settings, device)
     report(rows, settings, out_dir)

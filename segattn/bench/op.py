@@ -24,13 +24,14 @@ path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN
 attribute), and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block, warps,
 reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
 ``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
+Every timed configuration gets at least ``MIN_REPEATS`` repeats after warm-up calls that include
+compilation; one call per variant is then profiled into host and device time (``profile``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +41,9 @@ import torch
 
 from ..attention import AttentionBase, attention_class, build_attention
 from ..cpu_memory import return_freed_memory
-from .measure import Emit, PeakMemory, autocast_for, fill_peaks, is_out_of_memory, time_call
+from .floors import MatmulFloor, copy_bandwidth, floor_passes, moved_bytes
+from .measure import Emit, PeakMemory, autocast_for, fill_peaks, interleaved_medians
+from .profile import print_profile, profile_ops
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
@@ -49,7 +52,6 @@ MODES = {"fwd": "forward", "fwdbwd": "forward+backward"}
 FLOOR = "floor"
 COPY_FLOOR = "copy floor"  # the plots' label of the copy-bandwidth floor
 MATMULS = "matmuls"
-COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # per copy buffer: far past caches and launch costs
 REFERENCE = "softmax"
 DEFINITION = (
     "op = module.mix_tokens(q, k, v, hw) on [B, N, C] (everything between the qkv and output projections, "
@@ -82,6 +84,8 @@ class OpSettings:
     memory_timeout: float = 1800.0
     compile: bool = False  # also each variant's compiled twin
     kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values to time side by side
+    profile: bool = True  # one call per variant under torch.profiler: host and device time
+    profile_tokens: int | None = None  # None: the largest size each variant ran at
 
 
 def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
@@ -176,81 +180,6 @@ class OpCase:
             torch.addcmul(q, k, v, out=self.floor_out)
 
 
-def floor_passes(mode: str) -> int:
-    """Floor passes a mode is compared with: one forward, two forward+backward."""
-    return 2 if mode == "fwdbwd" else 1
-
-
-class MatmulFloor:
-    """The batched matmuls of a kernel-product linear attention alone, on head-major fp32 operands."""
-
-    def __init__(self, case: OpCase, heads: int) -> None:
-        batch, tokens, dim = case.floor_out.shape
-        d = dim // heads
-        make = functools.partial(torch.randn, dtype=torch.float32, device=case.device)
-        self.mode = case.mode
-        self.queries, self.keys = make(batch * heads, tokens, d), make(batch * heads, tokens, d)
-        self.values = make(batch * heads, tokens, d + 1)  # [V | 1]
-        self.context = make(batch * heads, d, d + 1)
-        self.out = make(batch * heads, tokens, d + 1)
-        self.grad_out = make(batch * heads, tokens, d + 1)
-        self.grad_tokens = make(batch * heads, tokens, d)
-
-    def __call__(self) -> None:
-        torch.bmm(self.keys.mT, self.values, out=self.context)
-        torch.bmm(self.queries, self.context, out=self.out)
-        if self.mode == "fwdbwd":
-            grad_context = self.queries.mT @ self.grad_out
-            torch.bmm(self.grad_out[..., :-1], self.context[..., :-1].mT, out=self.grad_tokens)
-            torch.bmm(self.values, grad_context.mT, out=self.grad_tokens)
-            torch.bmm(self.keys, grad_context[..., :-1], out=self.grad_tokens)
-
-
-def copy_bandwidth(device: torch.device, settings: OpSettings) -> float:
-    """Bytes per second (read + written) of the best of ``settings.repeats`` copies between two buffers of
-    ``COPY_BYTES`` (fewer on a GPU with little free memory), timed like every op (CUDA events on a GPU)."""
-    size = COPY_BYTES[device.type]
-    if device.type == "cuda":
-        size = min(size, torch.cuda.mem_get_info(device)[0] // 4)
-    source = torch.ones(size, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    copy = functools.partial(target.copy_, source)
-    copy()  # first touch outside the timing
-    seconds = min(time_call(copy, device) for _ in range(max(3, settings.repeats)))
-    return 2 * size / seconds
-
-
-def moved_bytes(settings: OpSettings, tokens: int, mode: str, element_size: int) -> int:
-    """What a linear attention must move: q, k, v in and o out (fwd); also dO in and dq, dk, dv out."""
-    return 4 * floor_passes(mode) * settings.batch * tokens * settings.dim * element_size
-
-
-def interleaved_medians(
-    calls: dict[str, Callable[[], None]], device: torch.device, settings: OpSettings
-) -> dict[str, tuple[float, int] | str]:
-    """Median seconds and sample count per call, timing the calls round-robin so noise hits all alike.
-
-    Each call is warmed up first; a call whose warm-up took longer than ``config_seconds`` gets one
-    timed repeat. A call that raises is dropped and its error returned instead.
-    """
-    results: dict[str, tuple[float, int] | str] = {}
-    wanted: dict[str, int] = {}
-    for name, fn in calls.items():
-        try:
-            seconds = [time_call(fn, device, settings.clock) for _ in range(max(1, settings.warmup))][-1]
-        except RuntimeError as error:
-            results[name] = f"{'oom' if is_out_of_memory(error) else 'error'}: {str(error)[:120]}"
-            continue
-        wanted[name] = max(1, min(settings.repeats, int(settings.config_seconds / max(seconds, 1e-9))))
-    samples: dict[str, list[float]] = {name: [] for name in wanted}
-    for round_ in range(max(wanted.values(), default=0)):
-        for name, count in wanted.items():
-            if round_ < count:
-                samples[name].append(time_call(calls[name], device, settings.clock))
-    results.update({name: (statistics.median(times), len(times)) for name, times in samples.items()})
-    return results
-
-
 def skip_reason(
     module: AttentionBase, tokens: int, history: dict[str, Any], settings: OpSettings
 ) -> str | None:
@@ -302,7 +231,9 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     MATMULS: MatmulFloor(floor_case, settings.heads),
                     **cases,
                 }
-                results = interleaved_medians(calls, device, settings)
+                results = interleaved_medians(
+                    calls, device, settings.repeats, settings.warmup, settings.config_seconds, settings.clock
+                )
                 floor_seconds, matmul_seconds = (
                     results[name][0] if isinstance(results[name], tuple) else float("nan")
                     for name in (FLOOR, MATMULS)
@@ -451,6 +382,10 @@ def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[
             settings, variants=with_compiled(settings.variants, True), warmup=max(settings.warmup, 2)
         )
     rows = time_ops(settings, device)
+    if settings.profile:
+        profiles = profile_ops(rows, settings, device)
+        write_csv(out_dir / "op_profile.csv", profiles)
+        print_profile(profiles)
     if settings.memory:
         write_csv(out_dir / "op.csv", rows)  # the timings survive if the memory children are cut short
         measure_memory(rows, settings, device)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,12 +14,14 @@ import yaml
 @dataclass(frozen=True)
 class Spec:
     """A registry name plus constructor options; ``label`` is the text it was parsed from. ``compiled``:
-    time it under ``torch.compile`` (label ``<text>+compile``)."""
+    time it under ``torch.compile`` (label ``<text>+compile``); ``kernel``: the SEGATTN_KERNEL value its
+    modules are built under ("auto": as the environment says; label ``<text>@<kernel>``)."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""
     compiled: bool = False
+    kernel: str = "auto"
 
 
 def with_compiled(specs: list[Spec], compile: bool) -> list[Spec]:
@@ -24,6 +29,20 @@ def with_compiled(specs: list[Spec], compile: bool) -> list[Spec]:
     if not compile:
         return specs
     return [s for spec in specs for s in (spec, replace(spec, label=f"{spec.label}+compile", compiled=True))]
+
+
+def with_kernels(specs: list[Spec], kernels: list[str]) -> list[Spec]:
+    """``specs`` with a variant that has a Triton path once per kernel path (``linear@torch``,
+    ``linear@triton``; the label only names the path when there are several), the others once ("auto")."""
+    from ..attention import attention_class
+
+    out = []
+    for spec in specs:
+        paths = kernels if attention_class(spec.name).triton_path else ["auto"]
+        for kernel in paths:
+            label = f"{spec.label}@{kernel}" if len(paths) > 1 else spec.label
+            out.append(replace(spec, label=label, kernel=kernel))
+    return out
 
 
 def compile_options() -> dict[str, Any]:
@@ -67,6 +86,49 @@ def parse_count(text: str) -> int:
     if value <= 0:
         raise ValueError(f"{text!r} must be positive")
     return value
+
+
+def parse_image_size(text: str | int) -> tuple[int, int]:
+    """``2048`` (square) or ``4288x2848`` (width x height, as image sizes are written) as (height, width)."""
+    width, sep, height = str(text).lower().replace("×", "x").partition("x")
+    try:
+        sides = (int(height), int(width)) if sep else (int(width), int(width))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an image size; expected a side (2048) or WIDTHxHEIGHT (4288x2848)"
+        ) from None
+    if min(sides) <= 0:
+        raise ValueError(f"{text!r}: image sides must be positive")
+    return sides
+
+
+def format_image_size(height: int, width: int) -> str:
+    """``2048²`` for a square image, ``4288×2848`` (width × height) otherwise."""
+    return f"{height}²" if height == width else f"{width}×{height}"
+
+
+def size_label(height: int, width: int) -> str:
+    """The ``size`` column: ``2048`` for a square image, ``4288x2848`` (width x height) otherwise."""
+    return str(height) if height == width else f"{width}x{height}"
+
+
+@contextlib.contextmanager
+def kernel_path(kernel: str) -> Iterator[None]:
+    """SEGATTN_KERNEL = ``kernel`` while a model is built (its modules read it then); "auto" leaves it."""
+    if kernel == "auto":
+        yield
+        return
+    from ..layers import KERNEL_ENV
+
+    before = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = kernel
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[KERNEL_ENV]
+        else:
+            os.environ[KERNEL_ENV] = before
 
 
 def grid_for(tokens: int) -> tuple[int, int]:

@@ -1,0 +1,169 @@
+"""What a user runs, as rows of the bench tables (issue 31 item 5): the kernel path (SEGATTN_KERNEL) and
+compile as row labels, non-square images and several batches in `bench model`, peak memory per megapixel
+in the model and maxres tables, at least 5 timed repeats after the warm-up, and `bench op`'s profiled
+call (host and device time; on the CPU there is no device column to fill).
+
+At tiny sizes on the CPU: nothing here asserts speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from segattn.bench.__main__ import main
+from segattn.bench.measure import MIN_REPEATS, interleaved_medians
+from segattn.bench.specs import (
+    format_image_size,
+    kernel_path,
+    parse_image_size,
+    parse_spec,
+    size_label,
+    with_kernels,
+)
+from segattn.layers import KERNEL_ENV
+
+CPU = ["--device", "cpu", "--threads", "1"]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_image_sizes_are_a_side_or_width_x_height():
+    assert parse_image_size("2048") == parse_image_size(2048) == (2048, 2048)
+    assert parse_image_size("4288x2848") == (2848, 4288)  # IDRiD: 4288 wide, 2848 tall
+    assert (format_image_size(2848, 4288), size_label(2848, 4288)) == ("4288×2848", "4288x2848")
+    assert (format_image_size(64, 64), size_label(64, 64)) == ("64²", "64")
+    for bad in ("4288x", "axb", "0x64"):
+        with pytest.raises(ValueError, match="image"):
+            parse_image_size(bad)
+
+
+def test_bad_image_size_or_kernel_path_is_one_line(capsys):
+    for argv in (["model", "--image-sizes", "64x"], ["maxres", "--kernels", "cuda"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, "--smoke"])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and argv[1] in error
+
+
+def test_kernel_paths_label_the_variants_that_have_a_triton_path():
+    specs = [parse_spec("linear"), parse_spec("sra")]
+    rows = with_kernels(specs, ["torch", "triton"])
+    assert [(s.label, s.kernel) for s in rows] == [
+        ("linear@torch", "torch"),
+        ("linear@triton", "triton"),
+        ("sra", "auto"),  # no Triton path: one row, as the environment says
+    ]
+    assert [s.label for s in with_kernels(specs, ["torch"])] == ["linear", "sra"]
+
+
+def test_kernel_path_sets_segattn_kernel_while_building_and_restores_it(monkeypatch):
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    with kernel_path("torch"):
+        assert os.environ[KERNEL_ENV] == "torch"
+    assert KERNEL_ENV not in os.environ
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    with kernel_path("auto"):
+        assert os.environ[KERNEL_ENV] == "triton"  # auto: as the environment says
+    with kernel_path("torch"):
+        assert os.environ[KERNEL_ENV] == "torch"
+    assert os.environ[KERNEL_ENV] == "triton"
+
+
+def test_a_call_slower_than_its_seconds_still_gets_the_minimum_repeats():
+    calls = {"slow": lambda: time.sleep(2e-3)}
+    device = torch.device("cpu")
+    # The warm-up's 2 ms is 2000x the 1 µs given: before, that meant one timed sample.
+    results = interleaved_medians(calls, device, repeats=20, warmup=2, config_seconds=1e-6)
+    assert results["slow"][1] == MIN_REPEATS == 5
+    assert interleaved_medians(calls, device, repeats=3, warmup=1, config_seconds=1e-6)["slow"][1] == 3
+
+
+def test_bench_op_profiles_one_call_per_variant_with_at_least_5_repeats(tmp_path, capsys):
+    args = ["--smoke", *CPU, "--variants", "linear", "softmax", "--dtypes", "fp32", "--modes", "fwd"]
+    main(["op", *args, "--no-memory", "--out", str(tmp_path)])
+    assert "op profile: host and device time of one call" in capsys.readouterr().out
+    assert all(int(row["repeats"]) >= 5 for row in read_csv(tmp_path / "op.csv"))
+    profile = {row["variant"]: row for row in read_csv(tmp_path / "op_profile.csv")}
+    assert set(profile) == {"linear", "softmax"}
+    for row in profile.values():
+        assert int(row["tokens"]) == 1024  # the largest size it ran at
+        assert float(row["host_seconds"]) > 0 and int(row["ops"]) > 0
+        assert row["device_seconds"] == ""  # no device on the CPU: the table says "cpu"
+
+
+@pytest.mark.slow
+def test_bench_model_rows_per_kernel_path_and_batch_with_peak_per_megapixel(tmp_path, capsys):
+    # auto on the CPU is the PyTorch path, so both labels time (triton needs a GPU or the interpreter)
+    args = [
+        "--smoke",
+        *CPU,
+        "--models",
+        "pvt:size=b0",
+        "--variants",
+        "linear",
+        "sra",
+        "--kernels",
+        "torch",
+        "auto",
+    ]
+    main(["model", *args, "--image-sizes", "64", "96x64", "--batch", "1", "2", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "96×64" in printed and "linear@torch, batch 2" in printed and "/MP" in printed
+    rows = read_csv(tmp_path / "model.csv")
+    expected = {
+        (variant, size, batch)
+        for variant in ("linear@torch", "linear@auto", "sra")
+        for size in ("64", "96x64")
+        for batch in ("1", "2")
+    }
+    assert {(r["variant"], r["size"], r["batch"]) for r in rows if r["status"] == "ok"} == expected
+    for row in rows:
+        assert int(row["repeats"]) >= 5
+        pixels = int(row["batch"]) * int(row["height"]) * int(row["width"])
+        assert (int(row["height"]), int(row["width"])) == parse_image_size(row["size"])
+        assert float(row["peak_bytes_per_mpx"]) == pytest.approx(int(row["peak_bytes"]) / (pixels / 1e6))
+
+
+def test_bench_model_time_budget_skips_what_it_did_not_start_and_says_so(tmp_path):
+    args = ["--smoke", *CPU, "--models", "pvt:size=b0", "--variants", "linear", "--time-budget", "1e-9"]
+    main(["model", *args, "--out", str(tmp_path)])
+    rows = read_csv(tmp_path / "model.csv")
+    assert rows and all(r["status"] == "skipped" and "time budget of 1e-09 s" in r["note"] for r in rows)
+
+
+@pytest.mark.slow
+def test_bench_model_compile_times_the_compiled_twin_after_compiling(tmp_path):
+    torch._dynamo.reset()
+    args = ["--smoke", *CPU, "--models", "pvt:size=b0", "--variants", "linear", "--compile", "--no-memory"]
+    try:
+        main(["model", *args, "--out", str(tmp_path)])
+    finally:
+        torch._dynamo.reset()
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "model.csv")}
+    assert set(rows) == {"linear", "linear+compile"}
+    assert all(r["status"] == "ok" and int(r["repeats"]) >= 5 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_bench_maxres_rows_per_kernel_path_with_peak_per_megapixel(tmp_path, capsys):
+    args = ["--smoke", *CPU, "--variants", "flatten", "--kernels", "torch", "auto", "--checkpointing", "on"]
+    main(["maxres", *args, "--out", str(tmp_path)])
+    assert "/MP at 64²" in capsys.readouterr().out
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "maxres.csv")}
+    assert set(rows) == {"flatten@torch", "flatten@auto"}
+    for row in rows.values():
+        assert int(row["maxres"]) == 64 and float(row["peak_bytes_per_mpx"]) > 0
+    probes = read_csv(tmp_path / "maxres_probes.csv")
+    for probe in probes:
+        expected = int(probe["peak_bytes"]) / (int(probe["size"]) ** 2 / 1e6)
+        assert float(probe["peak_bytes_per_mpx"]) == pytest.approx(expected)
