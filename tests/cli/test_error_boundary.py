@@ -155,6 +155,19 @@ def exported(tmp_path_factory) -> Path:
     return folder
 
 
+def test_overlays_are_reported_only_when_written(exported, places, tmp_path, capsys):
+    """predict said "and overlays to out/overlays" also when it wrote none (TIFF-only or unreadable input)."""
+    (places["images"] / "c.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not an image")
+    out = tmp_path / "o"
+    assert predict_main([f"checkpoint={exported}", f"input={places['images']}", f"out={out}"]) == EXIT_FAILED
+    assert capsys.readouterr().out.strip().endswith(f"segattn.predict: wrote 0 masks to {out / 'masks'}")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(places["images"] / "a.png")
+    assert predict_main([f"checkpoint={exported}", f"input={places['images']}/a.png", f"out={out}"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed.endswith(f"wrote 1 masks to {out / 'masks'} and overlays to {out / 'overlays'}")
+    assert (out / "overlays" / "a.png").is_file()
+
+
 def refuse(errno_code: int, under: Path):
     """``os.open`` refusing to create files below ``under`` with ``errno_code``, as a full disk, a read-only
     mount or a folder of another user does (root, which runs CI, may write into any chmod-ed folder)."""
