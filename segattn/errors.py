@@ -135,7 +135,8 @@ def translate(error: BaseException) -> SegattnError | None:
             what, kind = KNOWN[name]
             filename = getattr(error, "filename", None) or getattr(error, "path", None)
             prefix = "".join(f"{part}: " for part in (filename, what) if part)
-            translated = kind(f"{prefix}{one_line(error)}")
+            text = one_line(error).split(" Config search path:")[0]  # Hydra's list of where it looked
+            translated = kind(f"{prefix}{text}")
             translated.__cause__ = error
             return translated
     return None
