@@ -5,7 +5,8 @@ compiler rejects (types of loop-carried values, shapes ``tl.dot`` refuses, share
 ``triton.compile`` to a cubin needs no device, only triton's bundled ptxas. It runs in a child process:
 this one has TRITON_INTERPRET=1 (conftest.py), under which ``triton.jit`` makes interpreted functions. Each
 feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each kernel
-with its branches on, the widest head dim with its block size, and the stats and focusing kernels.
+with its branches on, the widest head dim with its block size, and the stats and focusing kernels. A second
+child counts the binaries a sweep of token counts needs, from Triton's own specialisation keys.
 """
 
 from __future__ import annotations
@@ -85,14 +86,70 @@ def compile_all() -> list[str]:
     return lines
 
 
-def test_every_kernel_compiles_for_sm90() -> None:
+def variants_over_token_counts() -> list[str]:
+    """How many binaries (Triton's specialisation keys for sm_90) each attention kernel needs over forward and
+    backward at ten token counts N (1, multiples of 16 and not, 65539): the launches are captured with CPU
+    tensors and keyed by Triton's own argument binder, on a grid planned for an H100's 132 multiprocessors.
+    One line per kernel, "name count"."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from segattn.attention.triton import launch, load_kernels
+    from segattn.attention.triton.functions import FeatureMap, kernel_attention_triton
+
+    kernels, backend = load_kernels(), make_backend(GPUTarget("cuda", SM90, 32))
+    keys: dict[str, set] = {}
+
+    class Capture:
+        def __init__(self, fn) -> None:
+            self.name, self.bind = (
+                fn.__name__,
+                create_function_from_signature(fn.signature, fn.params, backend),
+            )
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs) -> None:
+                _, specialization, options = self.bind(*args, **kwargs)
+                keys.setdefault(self.name, set()).add((str(specialization), str(sorted(options.items()))))
+
+            return launch
+
+    for name in ("context_kernel", "apply_kernel", "query_backward_kernel", "keys_backward_kernel"):
+        setattr(kernels, name, Capture(getattr(kernels, name)))
+    launch.planned_programs = lambda device, per_sm: (per_sm or 4) * 132
+    phi = FeatureMap("elu")
+    for tokens in (1, 7, 64, 100, 1000, 1024, 4096, 4099, 16384, 65539):
+        x = torch.randn(2, tokens, 3 * 64, requires_grad=True)
+        q, k, v = (t.unflatten(-1, (2, 32)).transpose(1, 2) for t in x.chunk(3, dim=-1))
+        out = kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=1e-6)
+        torch.autograd.grad(out, x, out)
+    return [f"{name} {len(variants)}" for name, variants in sorted(keys.items())]
+
+
+def run_child(*args: str) -> subprocess.CompletedProcess:
+    """This file run as a script, without Triton's interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     child = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert child.returncode == 0, child.stderr[-3000:]
+    return child
+
+
+def test_every_kernel_compiles_for_sm90() -> None:
+    child = run_child()
     assert len(child.stdout.splitlines()) == 21, child.stdout
 
 
+def test_a_new_token_count_reuses_the_compiled_kernels() -> None:
+    """The integers that follow N are not specialised (``kernels.SPLIT_SIZES``): 22 binaries before, over
+    these ten N, for one feature map, dtype and head dim."""
+    child = run_child("variants")
+    expected = ["apply_kernel 1", "context_kernel 1", "keys_backward_kernel 1", "query_backward_kernel 1"]
+    assert child.stdout.splitlines() == expected, child.stdout
+
+
 if __name__ == "__main__":
-    print("\n".join(compile_all()))
+    print("\n".join(variants_over_token_counts() if sys.argv[1:] == ["variants"] else compile_all()))

@@ -50,6 +50,8 @@ if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
     )
 
 IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS, POLARITY, POLARITY_SWAPPED = range(9)
+# Integers that follow the token count: not specialised (N = 1, N % 16 = 0), so a new N reuses the binary
+SPLIT_SIZES = ("N", "blocks_per_split", "num_blocks")
 
 
 @triton.jit
@@ -157,7 +159,7 @@ def load_map_stats(
     return row_a, row_b, col_a, col_b, col_c
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_SIZES)
 def context_kernel(
     k_ptr, v_ptr, part_ptr, row_ptr, col_ptr,
     skb, skh, skn, skc, svb, svh, svn, svc,
@@ -208,7 +210,7 @@ def load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok):
     return s, z, beta, beta0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def apply_kernel(
     q_ptr, ctx_ptr, out_ptr, inv_ptr, add_ptr, row_ptr, col_ptr,
     sqb, sqh, sqn, sqc, sob, soh, son, soc, sab, sah, san, sac,
@@ -245,7 +247,7 @@ def apply_kernel(
     tl.store(offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_SIZES)
 def query_backward_kernel(
     q_ptr, g_ptr, ctx_ptr, inv_ptr, dq_ptr, part_ptr, row_ptr, col_ptr,
     sqb, sqh, sqn, sqc, sgb, sgh, sgn, sgc, sdb, sdh, sdn, sdc,
@@ -300,7 +302,7 @@ def query_backward_kernel(
     tl.store(base + d * (dv + 1) + dv, tl.sum(acc_beta0, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def keys_backward_kernel(
     k_ptr, v_ptr, gctx_ptr, dk_ptr, dv_ptr, row_ptr, col_ptr,
     skb, skh, skn, skc, svb, svh, svn, svc, sdkb, sdkh, sdkn, sdkc, sdvb, sdvh, sdvn, sdvc,
@@ -335,7 +337,7 @@ def keys_backward_kernel(
     tl.store(dv_offsets, dvalues.to(dv_ptr.dtype.element_ty), mask=mask_v)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_SIZES)
 def key_softmax_stats_kernel(
     k_ptr, part_ptr, skb, skh, skn, skc, H, N, d, blocks_per_split, num_blocks,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -361,7 +363,7 @@ def key_softmax_stats_kernel(
     tl.store(base + d, total, mask=cols_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def focus_stats_kernel(
     x_ptr, inv_scale_ptr, stats_ptr, sxb, sxn, sxc, N, C, power,
     CP: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -383,7 +385,7 @@ def focus_stats_kernel(
     tl.store(stats_ptr + (b * N + rows) * 2 + 1, ratio, mask=rows_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def focus_backward_kernel(
     x_ptr, g_ptr, inv_scale_ptr, stats_ptr, dx_ptr, part_ptr,
     sxb, sxn, sxc, sgb, sgn, sgc, sdb, sdn, sdc, N, C, power,
