@@ -210,6 +210,7 @@ def run(settings: MaxresSettings, device: torch.device, out_dir: Path) -> list[d
                     row, history = find_maxres(model, variant, checkpointing, bands, settings, budget, device)
                     rows.append(row)
                     probes += history
+                    write_csv(out_dir / "maxres.csv", rows)  # a run cut short keeps the rows it finished
     report(rows, probes, settings, budget, out_dir)
     return rows
 

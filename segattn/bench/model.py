@@ -240,14 +240,9 @@ def steps_to_time(
             reason = predicted_too_slow(variant, pixels, history.get(key), settings)
         if reason is None:
             try:
+                args = (build_kwargs(model, variant), (base["height"], base["width"]), batch, base["dtype"])
                 steps[variant.label] = TrainStep(
-                    build_kwargs(model, variant),
-                    (base["height"], base["width"]),
-                    batch,
-                    base["dtype"],
-                    device,
-                    compiled=variant.compiled,
-                    kernel=variant.kernel,
+                    *args, device, compiled=variant.compiled, kernel=variant.kernel
                 )
                 continue
             except (ValueError, TypeError, RuntimeError) as error:
@@ -299,8 +294,7 @@ def round_robin(
 
 
 def add_speedups(rows: list[dict[str, Any]], model: str, reference: str) -> None:
-    """``speedup`` = step time of the ``reference`` variant / this variant's (same model, size, batch,
-    dtype)."""
+    """``speedup`` = step time of ``reference`` / this variant's (same model, size, batch, dtype)."""
     mine = [row for row in rows if row["model"] == model and row["status"] == "ok"]
     times = {(r["dtype"], r["size"], r["batch"]): r["seconds"] for r in mine if r["variant"] == reference}
     for row in mine:
@@ -309,9 +303,8 @@ def add_speedups(rows: list[dict[str, Any]], model: str, reference: str) -> None
 
 
 def memory_child(task: dict[str, Any], emit: Emit) -> None:
-    """Child process: peak memory of one training step per (size, batch) (fresh model and optimizer each;
-    a compiled variant compiles on a throwaway step first, so the compiler's own memory stays out of the
-    peak)."""
+    """Child process: peak memory of one training step per (size, batch), fresh model and optimizer each (a
+    compiled variant compiles on a throwaway step first: the compiler's own memory stays out of the peak)."""
     return_freed_memory()
     device = torch.device(task["device"])
     make = functools.partial(TrainStep, task["kwargs"], dtype=task["dtype"], device=device)

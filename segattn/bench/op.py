@@ -382,12 +382,12 @@ def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[
             settings, variants=with_compiled(settings.variants, True), warmup=max(settings.warmup, 2)
         )
     rows = time_ops(settings, device)
+    write_csv(out_dir / "op.csv", rows)  # the timings survive if the profile or memory children are cut short
     if settings.profile:
         profiles = profile_ops(rows, settings, device)
         write_csv(out_dir / "op_profile.csv", profiles)
         print_profile(profiles)
     if settings.memory:
-        write_csv(out_dir / "op.csv", rows)  # the timings survive if the memory children are cut short
         measure_memory(rows, settings, device)
     report(rows, settings, out_dir)
     return rows
