@@ -90,11 +90,12 @@ def efficient_attention(
     key_softmax = normalization == "softmax"
     if key_softmax and tokens_split():  # the key softmax runs over all tokens
         return _efficient_attention(q, k, v, normalization)
-    if triton_path(backend, q):
-        scale = token_count(k.shape[-2]) ** -0.5
+    if triton_path(backend, q):  # scale: (q/√N)(k/√N)ᵀv as the context divided by N
         maps = ("softmax_channels", "softmax_tokens") if key_softmax else ("identity",) * 2
-        phi_q, phi_k = (FeatureMap(name, scale) for name in maps)
-        return kernel_attention_triton(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
+        phi_q, phi_k = (FeatureMap(name) for name in maps)
+        return kernel_attention_triton(
+            q, k, v, phi_q=phi_q, phi_k=phi_k, mean=not key_softmax, normalize=False
+        )
     if not use_fused(backend):
         return _efficient_attention(q, k, v, normalization)
     if normalization == "softmax":
@@ -196,14 +197,12 @@ def focused_linear_attention(
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
-    factor = 1.0 / token_count(k.shape[-2])
     if triton_path(backend, q):
         kernel_map = FeatureMap("identity")
-        return kernel_attention_triton(
-            q, k, v, phi_q=kernel_map, phi_k=kernel_map, context_scale=factor, eps=eps
-        )
+        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, mean=True, eps=eps)
     if not use_fused(backend):
         return _focused_linear_attention(q, k, v, eps)
+    factor = 1.0 / token_count(k.shape[-2])
     identity = Scale(1.0)
     return kernel_attention_fused(q, k, v, phi_q=identity, phi_k=identity, context_scale=factor, eps=eps)
 

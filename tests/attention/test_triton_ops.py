@@ -52,27 +52,30 @@ def opcheck(name: str, args: tuple) -> None:
 
 
 @pytest.mark.parametrize(
-    ("names", "scalars", "normalize", "taylor", "keys"),
+    ("names", "scalars", "tokens", "normalize", "taylor", "keys"),
     [
         # efficient: unnormalised, the key softmax's statistics; taylor: normalised, β = Σv
-        (["softmax_channels", "softmax_tokens"], [0.5, 0.0, 0.5, 0.0, 1.0, 0.0], False, False, None),
-        (["l2", "l2"], [1.0, 1e-6, 1.0, 1e-6, 1.0, 1e-6], True, True, None),
-        (["identity", "identity"], [1.0, 0.0, 1.0, 0.0, 1 / 3, 1e-6], True, False, 3),  # mean; fewer keys
+        (["softmax_channels", "softmax_tokens"], [0.5, 0.0, 0.5, 0.0, 1.0, 0.0], 1, False, False, None),
+        (["l2", "l2"], [1.0, 1e-6, 1.0, 1e-6, 1.0, 1e-6], 1, True, True, None),
+        (["identity", "identity"], [1.0, 0.0, 1.0, 0.0, 1.0, 1e-6], 3, True, False, 3),  # mean; fewer keys
     ],
 )
 def test_kernel_attention_operators_pass_opcheck(
-    names: list[str], scalars: list[float], normalize: bool, taylor: bool, keys: int | None
+    names: list[str], scalars: list[float], tokens: int, normalize: bool, taylor: bool, keys: int | None
 ) -> None:
     q, k, v = qkv(5, 16, keys)
     maps = [ops.MAP_KINDS.index(name) for name in names]
-    opcheck("kernel_attention", (q, k, v, maps, scalars, normalize, taylor))
+    args = (maps, scalars, tokens, normalize, taylor)
+    opcheck("kernel_attention", (q, k, v, *args))
     with torch.no_grad():
-        out, kv, inv, columns = torch.ops.segattn.kernel_attention(q, k, v, maps, scalars, normalize, taylor)
+        out, kv, inv, columns = torch.ops.segattn.kernel_attention(q, k, v, *args)
     q, k, v = (t.detach() for t in (q, k, v))
     grad = leaf(*out.shape, seed=1, grad=False)
     opcheck("kernel_attention_query_backward", (q, grad, kv, inv, maps[0], scalars[:2], taylor))
     grad_kv = leaf(*kv.shape, seed=2, grad=False)
-    opcheck("kernel_attention_keys_backward", (k, v, kv, grad_kv, columns, maps[1], scalars[2:5], taylor))
+    opcheck(
+        "kernel_attention_keys_backward", (k, v, kv, grad_kv, columns, maps[1], scalars[2:5], tokens, taylor)
+    )
 
 
 def test_focused_attention_operators_pass_opcheck() -> None:
@@ -177,6 +180,22 @@ def test_compiled_module_keeps_the_triton_operators(
     assert backward.names == backward_ops
     for actual, expected in zip([compiled_out, *compiled_grads], [out, *grads], strict=True):
         assert relative_error(actual, expected) < 1e-5
+
+
+def test_compiled_module_with_dynamic_shapes_keeps_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile(dynamic=True)`` of ``efficient`` (normalization: scale, the context divided by N) on
+    the Triton path over three grids: one graph with the operator (N reaches it as an integer, kept symbolic;
+    a float 1/N would be specialised on, a graph per size), and eager's outputs."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    module = build_perturbed("efficient", {"normalization": "scale"}, 32, HEADS, 16).to(DEVICE)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, backend=counter, dynamic=True)
+    for seed, hw in enumerate([(4, 4), (3, 5), (6, 7)]):
+        x = leaf(2, hw[0] * hw[1], 32, seed=seed, grad=False)
+        assert relative_error(compiled(x, hw), module(x, hw)) < 1e-5
+    graphs = [graph for graph in counter.graphs if len(graph.graph.nodes)]  # dynamo may add an empty one
+    assert len(graphs) == 1
+    assert "segattn.kernel_attention.default" in [str(n.target) for n in graphs[0].graph.nodes]
 
 
 def test_exporters_see_the_plain_formula(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,12 +82,14 @@ def kernel_attention_triton(
     phi_q: FeatureMap,
     phi_k: FeatureMap,
     context_scale: float = 1.0,
+    mean: bool = False,
     eps: float = 0.0,
     normalize: bool = True,
     taylor_term: bool = False,
 ) -> Tensor:
     """``fused.kernel.kernel_attention_fused`` on the Triton kernels: per head
-    O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1], c = ``context_scale``.
+    O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1], c = ``context_scale``, divided
+    by the whole image's token count with ``mean`` (``parallel.token_count``).
 
     q, k, v: [B, h, N, d] views of any strides in fp32/bf16/fp16 (CUDA, or the CPU under Triton's
     interpreter); computed in fp32 whatever autocast says; the result has v's shape, dtype and memory
@@ -95,15 +97,16 @@ def kernel_attention_triton(
     """
     maps = [MAP_KINDS.index(phi_q.name), MAP_KINDS.index(phi_k.name)]
     scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, context_scale, eps]
-    return run("kernel_attention", q, k, v, maps, scalars, normalize, taylor_term)[0]
+    tokens = token_count(k.shape[-2]) if mean else 1
+    return run("kernel_attention", q, k, v, maps, scalars, tokens, normalize, taylor_term)[0]
 
 
 def kernel_setup(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, maps, scalars, _, taylor = inputs
+    q, k, v, maps, scalars, tokens, _, taylor = inputs
     _, kv, inv, columns = output
     ctx.mark_non_differentiable(kv, inv, columns)
     ctx.save_for_backward(q, k, v, kv, inv, columns)
-    ctx.maps, ctx.scalars, ctx.taylor, ctx.reduce = maps, scalars, taylor, token_reducer()
+    ctx.maps, ctx.scalars, ctx.tokens, ctx.taylor, ctx.reduce = maps, scalars, tokens, taylor, token_reducer()
     ctx.impl = torch.ops.segattn
 
 
@@ -113,9 +116,9 @@ def kernel_backward(ctx, grad: Tensor, *_) -> tuple:
     grad_q, grad_kv = impl.kernel_attention_query_backward(q, grad, kv, inv, query_map, scalars[:2], taylor)
     grad_kv = ctx.reduce(grad_kv)
     grad_k, grad_v = impl.kernel_attention_keys_backward(
-        k, v, kv, grad_kv, columns, key_map, scalars[2:5], taylor
+        k, v, kv, grad_kv, columns, key_map, scalars[2:5], ctx.tokens, taylor
     )
-    return grad_q, grad_k, grad_v, None, None, None, None
+    return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
 def focused_attention_triton(

@@ -94,20 +94,29 @@ def context_like(k: Tensor, d: int, dv: int) -> Tensor:
 
 @operator
 def kernel_attention(
-    q: Tensor, k: Tensor, v: Tensor, maps: list[int], scalars: list[float], normalize: bool, taylor: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    maps: list[int],
+    scalars: list[float],
+    tokens: int,
+    normalize: bool,
+    taylor: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``maps``: φq's and φk's numbers (``MAP_KINDS``); ``scalars``: φq's scale and eps, φk's scale and eps,
-    the context scale c and the normaliser's eps."""
-    (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, factor, eps) = maps, scalars
+    c and the normaliser's eps; the context is scaled by c / ``tokens`` (a token count passes as an integer:
+    compiled code keeps it symbolic, where a float 1/N would be specialised on, one graph per size)."""
+    (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, scale, eps) = maps, scalars
     columns = key_softmax_columns(k) if key_map == KEY_SOFTMAX else floats(k, 0)
-    kv = token_reducer()(context(k, v, map_spec(key_map, key_scale, key_eps, columns), factor))
+    key_spec = map_spec(key_map, key_scale, key_eps, columns)
+    kv = token_reducer()(context(k, v, key_spec, scale / tokens))
     out = output_like(q, v)
     inv = apply(q, kv, out, map_spec(query_map, query_scale, query_eps), eps, normalize, taylor)
     return out, kv, inv if inv is not None else floats(q, 0), columns
 
 
 @register_fake("segattn::kernel_attention")
-def _(q, k, v, maps, scalars, normalize, taylor):
+def _(q, k, v, maps, scalars, tokens, normalize, taylor):
     (batch, heads, tokens, d), dv = q.shape, v.shape[-1]
     inv = floats(q, batch * heads, tokens) if normalize else floats(q, 0)
     columns = floats(k, batch * heads, 3, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
@@ -140,23 +149,24 @@ def kernel_attention_keys_backward(
     columns: Tensor,
     key_map: int,
     scalars: list[float],
+    tokens: int,
     taylor: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``scalars``: φk's scale and eps, and the context scale c."""
-    key_scale, key_eps, factor = scalars
+    """``scalars``: φk's scale and eps, and c (the context was scaled by c / ``tokens``)."""
+    key_scale, key_eps, scale = scalars
     if key_map == KEY_SOFTMAX:  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S: its row 2
         d, dv = k.shape[-1], v.shape[-1]
         columns = columns.clone()
         columns[:, 2] = (grad_kv[:, :d, :dv] * kv[:, :d, :dv]).sum(dim=-1)
     grad_k, grad_v = empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
     keys_backward(
-        k, v, grad_kv, grad_k, grad_v, map_spec(key_map, key_scale, key_eps, columns), factor, taylor
+        k, v, grad_kv, grad_k, grad_v, map_spec(key_map, key_scale, key_eps, columns), scale / tokens, taylor
     )
     return grad_k, grad_v
 
 
 @register_fake("segattn::kernel_attention_keys_backward")
-def _(k, v, kv, grad_kv, columns, key_map, scalars, taylor):
+def _(k, v, kv, grad_kv, columns, key_map, scalars, tokens, taylor):
     return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
 
 
