@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning_fabric.plugins.environments.lightning import find_free_network_port
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
 from segattn.config import check_config
@@ -46,10 +47,11 @@ RESUME = ["data.batch_size=1", "model.dropout=0.1", "trainer.max_epochs=2", "tes
 SINGLE = [*COMMON, *QUIET, "data.batch_size=4", "test_after_fit=false"]
 
 
-def train_fsdp(log_dir: Path, run_name: str, *overrides: str) -> Path:
-    """Run train.py with 2 FSDP processes; returns its last.ckpt."""
+def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    """Start train.py with 2 FSDP processes; returns the job and its run directory. Each job gets its own
+    free port (jobs run at the same time, and pytest's environment may hold an earlier test's MASTER_PORT)."""
     run_dir = log_dir / run_name
-    result = subprocess.run(
+    job = subprocess.Popen(
         [
             sys.executable,
             str(REPO / "train.py"),
@@ -59,12 +61,19 @@ def train_fsdp(log_dir: Path, run_name: str, *overrides: str) -> Path:
             f"hydra.run.dir={run_dir}",
         ],
         cwd=log_dir,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(find_free_network_port())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=300,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return job, run_dir
+
+
+def finish(started: tuple[subprocess.Popen, Path]) -> Path:
+    """Wait for a job of ``start_fsdp`` to succeed; returns its last.ckpt."""
+    job, run_dir = started
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, output[-6000:]
     return run_dir / "checkpoints/last.ckpt"
 
 
@@ -80,16 +89,6 @@ def max_difference(sharded: dict, single: dict) -> float:
 
 @pytest.mark.slow
 def test_fsdp_cpu_step_equals_single_process_and_resumes_mid_epoch(train_config, tmp_path):
-    # One process, one step on all four images.
-    run(train_config(*SINGLE, "trainer.max_epochs=1", run="single"))
-    single = load(tmp_path / "single/checkpoints/last.ckpt")
-
-    # FSDP: the same step, two images per process (with validation and the test of the best checkpoint).
-    first = load(train_fsdp(tmp_path, "fsdp_first", "trainer.max_epochs=1"))
-    assert first["global_step"] == 1
-    step_1 = max_difference(first["state_dict"], single["state_dict"])
-    assert step_1 < 1e-6
-
     # Resume mid-epoch: two epochs of two steps (one image per process and step, dropout on), straight and
     # from the checkpoint after step 1, must end the same, with the same epoch count.
     resume = [
@@ -99,13 +98,28 @@ def test_fsdp_cpu_step_equals_single_process_and_resumes_mid_epoch(train_config,
         "callbacks.model_checkpoint.every_n_train_steps=1",
         "callbacks.model_checkpoint.filename='step{step}'",
     ]
-    straight = load(train_fsdp(tmp_path, "fsdp_straight", *resume))
+    # The independent runs at the same time (each is mostly one busy core): the straight run, the FSDP step
+    # against one process (two images per process, with validation and the test of the best checkpoint),
+    # and the one-process step on all four images, in this process.
+    straight_job = start_fsdp(tmp_path, "fsdp_straight", *resume)
+    first_job = start_fsdp(tmp_path, "fsdp_first", "trainer.max_epochs=1")
+    run(train_config(*SINGLE, "trainer.max_epochs=1", run="single"))
+    single = load(tmp_path / "single/checkpoints/last.ckpt")
+
+    first = load(finish(first_job))
+    assert first["global_step"] == 1
+    step_1 = max_difference(first["state_dict"], single["state_dict"])
+    assert step_1 < 1e-6
+
+    straight = load(finish(straight_job))
     resumed = load(
-        train_fsdp(
-            tmp_path,
-            "fsdp_resumed",
-            *resume,
-            f"ckpt_path={tmp_path / 'fsdp_straight/checkpoints/step1.ckpt'}",
+        finish(
+            start_fsdp(
+                tmp_path,
+                "fsdp_resumed",
+                *resume,
+                f"ckpt_path={tmp_path / 'fsdp_straight/checkpoints/step1.ckpt'}",
+            )
         )
     )
     assert (

@@ -45,16 +45,36 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def start_train(tmp_path, *overrides: str, run: str) -> subprocess.Popen:
+    """``run_train`` without waiting: the job, for ``finish``."""
+    return subprocess.Popen(
+        train_command(tmp_path, *overrides, run=run),
+        cwd=tmp_path,
+        env=train_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(job: subprocess.Popen, timeout: int = 180) -> subprocess.CompletedProcess:
+    stdout, stderr = job.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+
 @pytest.mark.slow
 def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_path):
     logs, reference = tmp_path / "logs", tmp_path / "reference"
     logs.mkdir()
     reference.mkdir()
     log_txt = tmp_path / "log.txt"
+    # The runs that do not wait for one another run at the same time (each is mostly one busy core): the
+    # uninterrupted reference, the SIGTERM job and the Ctrl-C job; then both resumes.
     with log_txt.open("w") as stdout:  # not a terminal: no progress bar, plain progress lines
         straight = subprocess.Popen(
             train_command(reference, *RUN, run="straight"), cwd=tmp_path, env=train_env(), stdout=stdout
         )
+    ctrl_c = start_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
     job = [*RUN, *SIGTERM_AT_STEP_5]  # a requeue re-runs this exact command
     preempted = run_train(logs, *job, run="job42")
     assert preempted.returncode == 128 + signal.SIGTERM, preempted.stdout[-3000:] + preempted.stderr[-3000:]
@@ -63,6 +83,16 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
     stopped = load(last)
     assert (stopped["epoch"], stopped["global_step"]) == (1, 6)  # mid-epoch: step 2 of epoch 1's 4
     assert not list(last.parent.glob(".*.tmp")) and not list(last.parent.glob("last-v*.ckpt"))
+
+    # Ctrl-C: the same step-exact save and resume, exit status 128 + SIGINT
+    interrupted = finish(ctrl_c)
+    assert interrupted.returncode == 128 + signal.SIGINT, interrupted.stderr[-3000:]
+    text = interrupted.stdout + interrupted.stderr
+    assert "received SIGINT: stopping after this training step (Ctrl-C again to stop at once" in text
+    assert "interrupted by SIGINT (Ctrl-C) at epoch 1: saved " in text
+    ctrl_c_last = logs / "ctrl_c" / "checkpoints" / "last.ckpt"
+    assert (load(ctrl_c_last)["epoch"], load(ctrl_c_last)["global_step"]) == (1, 6)
+    ctrl_c_resumed = start_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
 
     resumed = run_train(logs, *job, run="job42")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -84,17 +114,10 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
         expected["state_dict"]["model.head.classifier.weight"],
     )
 
-    # Ctrl-C: the same step-exact save and resume, exit status 128 + SIGINT
-    interrupted = run_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
-    assert interrupted.returncode == 128 + signal.SIGINT, interrupted.stderr[-3000:]
-    text = interrupted.stdout + interrupted.stderr
-    assert "received SIGINT: stopping after this training step (Ctrl-C again to stop at once" in text
-    assert "interrupted by SIGINT (Ctrl-C) at epoch 1: saved " in text
-    last = logs / "ctrl_c" / "checkpoints" / "last.ckpt"
-    assert (load(last)["epoch"], load(last)["global_step"]) == (1, 6)
-    resumed = run_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
+    # The Ctrl-C job's resume, started above, ends with the uninterrupted run's weights too
+    resumed = finish(ctrl_c_resumed)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    final = load(last)
+    final = load(ctrl_c_last)
     assert final["global_step"] == 8
     for name, value in expected["state_dict"].items():
         assert torch.equal(final["state_dict"][name], value), name
