@@ -117,8 +117,8 @@ def kernel_attention(
 
 @register_fake("segattn::kernel_attention")
 def _(q, k, v, maps, scalars, tokens, normalize, taylor):
-    (batch, heads, tokens, d), dv = q.shape, v.shape[-1]
-    inv = floats(q, batch * heads, tokens) if normalize else floats(q, 0)
+    (batch, heads, queries, d), dv = q.shape, v.shape[-1]
+    inv = floats(q, batch * heads, queries) if normalize else floats(q, 0)
     columns = floats(k, batch * heads, 3, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
     return output_like(q, v), context_like(k, d, dv), inv, columns
 
