@@ -51,7 +51,8 @@ bench: setup
 	$(BIN)/python -m segattn.bench $(ARGS)
 
 # On a machine with a CUDA device: the CUDA tests and the GPU tables into docs/gpu/ (.ci/device-check), in
-# under 9 minutes. No `setup` prerequisite: it must run offline in an installed checkout.
+# 8 minutes. No `setup` prerequisite: it must run offline in an installed checkout. DRY_RUN=1: every step on
+# the CPU at tiny sizes, into bench_results/device-dry-run/ (docs/performance.md, "The device script").
 device-check:
 	test -x $(BIN)/python || { echo "device-check: no $(BIN)/python; run make setup first"; exit 1; }
 	PY=$(BIN)/python .ci/device-check

@@ -3,7 +3,9 @@
 The probe child starts P gloo processes on this machine. Each builds the same model, holds the whole batch
 (as ``trainer=spatial`` does after sharing it) and trains its band for the probe's steps; its own peak
 memory and the bytes it sent through the band collectives in the last step come back. The probe's peak is
-the largest process's: the budget is per process, as a GPU's memory is.
+the largest process's: the budget is per process, as a GPU's memory is. With ``--device cuda`` the P
+processes share that one GPU (gloo, which NCCL's one-process-per-GPU rule does not bind; the halo
+messages go through host memory), so a single GPU measures P bands against one process.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .measure import Emit, PeakMemory, guard_memory, time_call
+from .measure import Emit, PeakMemory, autocast_for, guard_memory, time_call
 
 
 def band_worker(rank: int, task: dict[str, Any], folder: str) -> None:
@@ -30,29 +32,35 @@ def band_worker(rank: int, task: dict[str, Any], folder: str) -> None:
     from ..training.losses import SegLoss
     from ..training.spatial import band_loss
     from .model import NUM_CLASSES
+    from .op import DTYPES
+    from .specs import kernel_path
 
     reuse_freed_memory()
     torch.set_num_threads(task["threads"])
     bands = task["bands"]
     dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=bands)
     group = BandGroup(dist.new_group(list(range(bands))), tuple(range(bands)), rank)
-    device = torch.device("cpu")
+    device = torch.device(task["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     guard_memory(device, task["guard"])
     result: dict[str, Any] = {"status": "ok"}
     try:
         with PeakMemory(device) as peak:
             torch.manual_seed(0)
-            model = build_model(**task["kwargs"]).train()
+            with kernel_path(task["kernel"]):
+                model = build_model(**task["kwargs"]).to(device).train()
             model.set_grad_checkpointing(task["checkpointing"])
             optimizer = torch.optim.AdamW(model.param_groups(lr=1e-4, weight_decay=0.01))
             criterion = SegLoss(NUM_CLASSES)
             size = task["size"]
-            images = torch.randn(1, 3, size, size)
-            masks = torch.randint(0, NUM_CLASSES, (1, size, size))
+            images = torch.randn(1, 3, size, size, device=device)
+            masks = torch.randint(0, NUM_CLASSES, (1, size, size), device=device)
 
             def step() -> None:
                 optimizer.zero_grad(set_to_none=True)
-                logits, aux, band = band_forward(model, images, group, with_aux=True)
+                with autocast_for(device, DTYPES[task["dtype"]]):  # as bench model's TrainStep
+                    logits, aux, band = band_forward(model, images, group, with_aux=True)
                 rows = masks[:, band.start : band.start + logits.shape[2]]
                 band_loss(criterion, logits, aux, model.aux_weight, rows, group)[0].backward()
                 for param in model.parameters():  # DDP's gradient average
@@ -65,7 +73,7 @@ def band_worker(rank: int, task: dict[str, Any], folder: str) -> None:
                 TRAFFIC.update(dict.fromkeys(TRAFFIC, 0))
                 result["seconds"] = time_call(step, device)
         result |= {"peak_bytes": peak.peak, "traffic": dict(TRAFFIC)}
-    except (RuntimeError, MemoryError) as error:
+    except (RuntimeError, MemoryError, ValueError) as error:  # ValueError: e.g. too few rows for the bands
         result = {"status": "oom" if "memory" in str(error).lower() else "error", "error": str(error)[:300]}
     Path(folder, f"{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

@@ -3,6 +3,8 @@
 ``group_sum`` is a differentiable all-reduce (its backward all-reduces the gradient, so every band's
 contribution reaches every band that used the sum). ``exchange_halos`` swaps edge rows with the bands
 above and below by point-to-point messages; its backward sends each halo's gradient back to its owner.
+Over gloo, which sends and receives CPU tensors only, CUDA halos travel through host copies (several band
+processes sharing one GPU, as ``bench maxres --spatial --device cuda`` runs them).
 """
 
 from __future__ import annotations
@@ -60,11 +62,22 @@ def group_max(x: Tensor, group: BandGroup) -> Tensor:
 
 def _swap(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], group: BandGroup) -> None:
     _count("halo", *(tensor for tensor, _ in sends))
+    staged = [(tensor, tensor.cpu()) for tensor, _ in recvs if _through_host(tensor, group)]
+    host = {id(tensor): copy for tensor, copy in staged}
+    sends = [(tensor.cpu() if _through_host(tensor, group) else tensor, peer) for tensor, peer in sends]
+    recvs = [(host.get(id(tensor), tensor), peer) for tensor, peer in recvs]
     ops = [dist.P2POp(dist.isend, tensor, peer, group.group) for tensor, peer in sends]
     ops += [dist.P2POp(dist.irecv, tensor, peer, group.group) for tensor, peer in recvs]
     if ops:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
+    for tensor, copy in staged:
+        tensor.copy_(copy)
+
+
+def _through_host(tensor: Tensor, group: BandGroup) -> bool:
+    """Whether a point-to-point message must go through a CPU copy: a CUDA tensor over gloo."""
+    return tensor.is_cuda and dist.get_backend(group.group) == dist.Backend.GLOO
 
 
 class HaloExchange(torch.autograd.Function):
