@@ -47,6 +47,17 @@ RESUME = ["data.batch_size=1", "model.dropout=0.1", "trainer.max_epochs=2", "tes
 SINGLE = [*COMMON, *QUIET, "data.batch_size=4", "test_after_fit=false"]
 
 
+PORTS: set[int] = set()
+
+
+def fresh_port() -> int:
+    """A free port no earlier job of this module was given."""
+    while (port := find_free_network_port()) in PORTS:
+        pass
+    PORTS.add(port)
+    return port
+
+
 def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[subprocess.Popen, Path]:
     """Start train.py with 2 FSDP processes; returns the job and its run directory. Each job gets its own
     free port (jobs run at the same time, and pytest's environment may hold an earlier test's MASTER_PORT)."""
@@ -61,7 +72,7 @@ def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[subproces
             f"hydra.run.dir={run_dir}",
         ],
         cwd=log_dir,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(find_free_network_port())},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(fresh_port())},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
