@@ -23,7 +23,8 @@ from .losses import SegLoss, at_least_float32, cross_entropy_sums, dice_from_sum
 
 def bilinear_rows(logits: Tensor, size: tuple[int, int], start: int, stop: int, width: int) -> Tensor:
     """Rows [start, stop) and columns [0, width) of ``F.interpolate(logits, size, mode="bilinear",
-    align_corners=False)``, reading only the input rows they need; logits [B, K, h, w] → [B, K, rows, width].
+    align_corners=False)``, reading only the input rows they need; logits [B, K, h, w] → [B, K, rows, width],
+    in at least float32 (half-precision logits are upcast row by row, as the loss would upcast them).
 
     Rows follow PyTorch's source index (dst + 0.5)·h/H − 0.5, clamped at 0, between its floor and the next
     row (the last row repeated); columns are then interpolated by ``F.interpolate`` at an unchanged height,
@@ -32,14 +33,15 @@ def bilinear_rows(logits: Tensor, size: tuple[int, int], start: int, stop: int, 
     in_height, in_width = logits.shape[-2:]
     out_height, out_width = size
     if in_height == out_height:
-        rows = logits[:, :, start:stop]
+        rows = at_least_float32(logits[:, :, start:stop])
     else:
         dst = torch.arange(start, stop, dtype=torch.float64, device=logits.device)
         src = ((dst + 0.5) * (in_height / out_height) - 0.5).clamp_min(0)
         lower = src.floor().long().clamp_max(in_height - 1)
         upper = (lower + 1).clamp_max(in_height - 1)
-        frac = (src - lower).clamp(0, 1).to(logits.dtype)[:, None]  # [rows, 1]
-        rows = logits.index_select(2, lower) * (1 - frac) + logits.index_select(2, upper) * frac
+        below, above = (at_least_float32(logits.index_select(2, index)) for index in (lower, upper))
+        frac = (src - lower).clamp(0, 1).to(below.dtype)[:, None]  # [rows, 1]
+        rows = below * (1 - frac) + above * frac
     if in_width != out_width:
         rows = F.interpolate(rows, size=(stop - start, out_width), mode="bilinear", align_corners=False)
     return rows[..., :width]

@@ -82,6 +82,19 @@ def test_chunked_loss_equals_the_loss_on_upsampled_logits_in_float64(options, ch
     torch.testing.assert_close(chunked_logits.grad, reference_logits.grad, rtol=1e-10, atol=1e-12)
 
 
+def test_bfloat16_logits_are_scored_in_float32() -> None:
+    """Half-precision logits are upcast row by row: the loss is float32, within bfloat16's rounding of the
+    float64 reference, and the gradient has the logits' dtype."""
+    logits, target = batch((10, 13), (38, 49))
+    criterion = SegLoss(K, dice=1.0, ignore_index=IGNORE)
+    expected = criterion.double()(upsampled(logits, (40, 52), 38, 49), target)
+    half = logits.bfloat16().requires_grad_()
+    got = chunked_seg_loss(criterion.float(), half, target, (40, 52), 7)
+    got.backward()
+    assert got.dtype == torch.float32 and half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=0)
+
+
 def test_a_batch_without_valid_pixels_gives_zero() -> None:
     logits = torch.randn(1, K, 4, 4, dtype=torch.float64, requires_grad=True)
     target = torch.full((1, 16, 16), IGNORE)
