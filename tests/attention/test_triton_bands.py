@@ -2,11 +2,11 @@
 context reduction and application are separate steps, with the sum over the bands (and, in backward, of the
 context gradient) in between.
 
-Two gloo processes on the CPU (``tests/helpers/band_workers``: each computes the single-process reference
-itself, then its band) with SEGATTN_KERNEL=triton and Triton's interpreter, pvt with each band-parallel
-variant that has a Triton path for bands (efficient's key softmax over all tokens takes the plain formula
-on bands, as on the PyTorch path). fp32: the interpreter's dot products have no float64; errors are relative
-to the largest value of the compared quantity (all gradients together).
+Two gloo processes on the CPU (``tests/helpers/band_workers``: one computes the single-process reference for
+both, then each its band), spawned with SEGATTN_KERNEL=triton and Triton's interpreter, pvt with each
+band-parallel variant that has a Triton path for bands (efficient's key softmax over all tokens takes the
+plain formula on bands, as on the PyTorch path). fp32: the interpreter's dot products have no float64;
+errors are relative to the largest value of the compared quantity (all gradients together).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_two_bands_with_the_triton_kernels_equal_one_process(
     monkeypatch.setenv(KERNEL_ENV, "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned processes compute on the CPU
     cases = [{"model": "pvt", "attention": a, "size": [200, 72], "dtype": "float32"} for a in VARIANTS]
-    results = run_world(tmp_path, world=2, phases=[(2, cases)])
+    results = run_world(tmp_path, world=2, phases=[(2, cases)], start_method="spawn")  # with this environment
     checked = [r for rank_results in results for r in rank_results]
     assert len(checked) == 2 * len(VARIANTS) and all("errors" in r for r in checked), checked
     for result in checked:

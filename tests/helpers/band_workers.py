@@ -1,11 +1,13 @@
-"""Multi-process workers for the band-parallel tests: gloo process groups on CPU, started with spawn.
+"""Multi-process workers for the band-parallel tests: gloo process groups on CPU, started by a fork server.
 
-Every process builds the same model (same seed) and the same images, computes the single-process result
-itself (the reference: whole image, ordinary forward and backward) and then its band's part of the split
-computation, and writes the largest relative error of each compared quantity to ``<out>/<rank>.json``.
+Every process builds the same model (same seed) and the same images. The single-process result of each image
+(the reference: whole image, ordinary forward and backward) is computed by one process and sent to all: it is
+the same everywhere, and computing it on every process was most of the tests' time. Each process then
+computes its band's part of the split computation and writes the largest relative error of each compared
+quantity to ``<out>/<rank>.json``.
 Both run in float64 unless a case says otherwise: the comparison then measures the algorithm, not the
 rounding of an ill-conditioned fp32 model (vit + efficient's gradients are 5e-4 from float64 in fp32).
-A plain module (not conftest.py) so that the spawned children can import it by name.
+A plain module (not conftest.py) so that the fork server can import it by name.
 """
 
 from __future__ import annotations
@@ -98,9 +100,13 @@ def compare_case(case: dict[str, Any], group: BandGroup, data_groups: int) -> di
     seeds: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(seeds, seed)
     references = []
-    for g in range(data_groups):
-        with drawing_from(seeds[g * group.size], torch.device("cpu")):
-            references.append(reference(copy.deepcopy(template), criterion, *batch(g, height, width, dtype)))
+    for g in range(data_groups):  # each image's reference computed once, by rank g, and sent to every rank
+        shared: list[Any] = [None]
+        if rank == g:
+            with drawing_from(seeds[g * group.size], torch.device("cpu")):
+                shared[0] = reference(copy.deepcopy(template), criterion, *batch(g, height, width, dtype))
+        dist.broadcast_object_list(shared, src=g)
+        references.append(shared[0])
     logits_ref, aux_ref, loss_ref, _ = references[rank // group.size]
     grads_ref = {n: sum(r[3][n] for r in references) / data_groups for n in references[0][3]}
 
@@ -148,14 +154,24 @@ def worker(
 
 
 def run_world(
-    tmp_path: Path, world: int, phases: list[tuple[int, list[dict[str, Any]]]]
+    tmp_path: Path,
+    world: int,
+    phases: list[tuple[int, list[dict[str, Any]]]],
+    start_method: str = "forkserver",
 ) -> list[list[dict[str, Any]]]:
-    """Run ``phases`` ((bands, cases) each) in ``world`` spawned processes; each rank's results, in order."""
+    """Run ``phases`` ((bands, cases) each) in ``world`` fresh processes; each rank's results, in order.
+
+    By default forked from a fork server that has imported this module (torch, segattn) once for the whole
+    test session: a clean process like spawn's, without each of the world's processes paying the imports
+    again. The server keeps the environment it started with: a caller that sets variables the processes must
+    see (SEGATTN_KERNEL, TRITON_INTERPRET) passes ``start_method="spawn"``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload([__name__])
     mp.start_processes(
         worker,
         args=(world, phases, str(tmp_path / "init"), str(tmp_path)),
         nprocs=world,
-        start_method="spawn",
+        start_method=start_method,
     )
     return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(world)]

@@ -5,10 +5,10 @@ cannot be split is refused by name.
 
 One spawn of 4 processes runs two layouts: 4 bands of one image, then 2 images × 2 bands (each image's
 band logits and loss against that image's single-process result, the gradients after DDP's average
-against the mean of the two single-process gradients). Each process computes the references itself
-(``band_workers``). Errors are relative to the largest value of the compared quantity (all gradients
-together: a bias that feeds BatchNorm has a gradient of rounding noise). Float64, so that the test measures
-the algorithm; fp32 training through Lightning is checked in ``test_train_spatial``.
+against the mean of the two single-process gradients). One process computes each image's reference and
+sends it to the others (``band_workers``). Errors are relative to the largest value of the compared
+quantity (all gradients together: a bias that feeds BatchNorm has a gradient of rounding noise). Float64, so
+that the test measures the algorithm; fp32 training through Lightning is checked in ``test_train_spatial``.
 """
 
 from __future__ import annotations
