@@ -1,5 +1,5 @@
-"""Does a checkpoint fit the model a run asks for? Compares the ``build_model`` config recorded in the
-checkpoint (``ckpt["segattn"]["model"]``) with the requested one, before anything is restored.
+"""Does a checkpoint fit the model a run asks for? Compares the ``build_model`` config of the checkpoint's
+record (``ModelRecord.from_checkpoint``) with the requested one, before anything is restored.
 
 Parameter shapes alone cannot tell: a ``linear`` checkpoint loads into a ``taylor`` model without a single
 mismatch and would train on silently as the other variant. Resuming requires the same architecture;
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from ..errors import FileFormatError
+from ..record import ModelRecord
 
 # build_model options that say how to train, not what is built: they may change between runs.
 TRAINING_OPTIONS = frozenset(
@@ -52,12 +55,10 @@ def architecture_differences(recorded: dict[str, Any], requested: dict[str, Any]
 
 def check_resumable(checkpoint: dict[str, Any], requested: dict[str, Any], path: str | Path) -> None:
     """Refuse to resume ``path`` into a model built differently, naming both values of each difference."""
-    recorded = (checkpoint.get("segattn") or {}).get("model")
-    if not isinstance(recorded, dict):
-        raise ValueError(
-            f"ckpt_path={path}: no ckpt['segattn']['model'] entry, so the model it was trained with is "
-            "unknown; expected a checkpoint written by train.py (use init_from= to start from its weights)"
-        )
+    try:
+        recorded = ModelRecord.from_checkpoint(checkpoint, path, "ckpt_path").model
+    except FileFormatError as error:
+        raise FileFormatError(f"{error} (use init_from= to start from its weights)", path) from None
     differences = architecture_differences(recorded, requested)
     if differences:
         raise ValueError(
@@ -69,8 +70,11 @@ def check_resumable(checkpoint: dict[str, Any], requested: dict[str, Any], path:
 
 def describe_init_differences(checkpoint: dict[str, Any], requested: dict[str, Any]) -> str:
     """For ``init_from``: the architecture differences, as a clause of the report (empty when none)."""
-    recorded = (checkpoint.get("segattn") or {}).get("model")
-    differences = architecture_differences(recorded, requested) if isinstance(recorded, dict) else []
+    try:  # a checkpoint without a readable record: its weights are still reported tensor by tensor
+        recorded = ModelRecord.from_checkpoint(checkpoint, "init_from").model
+    except FileFormatError:
+        return ""
+    differences = architecture_differences(recorded, requested)
     if not differences:
         return ""
     return f"the checkpoint differs from this model (checkpoint vs this run): {'; '.join(differences)}; "

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..models.pickles import refused_pickle
+from ..record import checkpoint_entry
 
 LAST = "last.ckpt"
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives
@@ -122,7 +123,7 @@ def nothing_left_to_train(checkpoint: dict[str, Any], max_epochs: int | None, ma
 
 def wandb_run_id(checkpoint: dict[str, Any]) -> str | None:
     """The W&B run id stored by training, so a resumed run continues the same W&B run."""
-    return checkpoint.get("segattn", {}).get("wandb_run_id")
+    return checkpoint_entry(checkpoint, "wandb_run_id")
 
 
 def load_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> dict[str, list[str]]:

@@ -3,9 +3,10 @@
     python -m segattn.export checkpoint=<ckpt|exported dir> format=onnx|torchscript|safetensors out=<dir>
 
 Every export is checked against PyTorch on two input sizes (the second non-square, batch 2): the command
-prints the max abs difference and fails above ``atol``. Metadata (model config, classes, palette, mean,
-std) travels with every format: ``model.yaml`` + ``classes.json`` next to the weights, and for ONNX also
-inside ``model.onnx`` (metadata_props) so the file alone is enough for ``segattn.predict``.
+prints the max abs difference and fails above ``atol``. The model's record (``segattn.record.ModelRecord``:
+config, classes, palette, normalisation, inference settings, versions) travels once in every format:
+``model.yaml`` + ``classes.json`` beside the safetensors weights, inside ``model.onnx`` (metadata_props) and
+``model.pt`` (extra file ``segattn.json``), so each of those files alone is enough.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""model.onnx: torch's dynamo exporter with a fallback to the TorchScript-based one, the segattn metadata
-embedded in the file, and the exporters' console output silenced; checked in onnxruntime."""
+"""model.onnx: torch's dynamo exporter with a fallback to the TorchScript-based one, the model's record
+embedded in the file (the one place an ONNX export carries it), and the exporters' console output silenced;
+checked in onnxruntime."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import re
 import sys
@@ -19,10 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import attention_class
-from ..checkpoints.loading import write_metadata
 from ..files import replacing
-from ..inference.onnx import METADATA_KEY, ONNX_FILE
-from ..record import ModelRecord
+from ..inference.onnx import ONNX_FILE
+from ..record import METADATA_KEY, ModelRecord
 from .verify import ExportError, check_sizes, compare, latency, trace_size
 from .wrapper import ExportWrapper
 
@@ -40,12 +39,6 @@ def first_line(error: BaseException) -> str:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(item)).strip()
         lines.append(text.splitlines()[0].split(". ")[0] if text else type(item).__name__)
     return ": ".join(lines)
-
-
-def onnx_metadata(record: ModelRecord, dynamic: bool, exporter: str) -> str:
-    """The JSON embedded in model.onnx: everything predict needs besides onnxruntime, numpy and Pillow
-    (the record's flat form, ``ModelRecord.to_dict``), and how the graph was exported."""
-    return json.dumps(record.to_dict() | {"dynamic": dynamic, "exporter": exporter})
 
 
 @contextlib.contextmanager
@@ -105,7 +98,9 @@ def onnx_attempt(
     with replacing(path) as temp:  # model.onnx appears complete, metadata included, or not at all
         torch_onnx_export(wrapper, example, temp, opset, exporter, dynamic)
         proto = onnx.load(str(temp))
-        proto.metadata_props.add(key=METADATA_KEY, value=onnx_metadata(record, dynamic, exporter))
+        proto.metadata_props.add(
+            key=METADATA_KEY, value=record.to_onnx_metadata(dynamic=dynamic, exporter=exporter)
+        )
         onnx.save(proto, str(temp))
     options = ort.SessionOptions()
     options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
@@ -160,7 +155,6 @@ def export_onnx(
     else:
         path.unlink(missing_ok=True)
         raise ExportError(f"attention {name!r} cannot be exported to ONNX ({'; '.join(errors)})")
-    write_metadata(record, out)
     images = torch.randn(1, 3, *size)
     with torch.inference_mode():
         timing = latency({"onnxruntime_ms": run_ort, "pytorch_ms": wrapper}, images)

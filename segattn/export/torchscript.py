@@ -1,4 +1,4 @@
-"""model.pt: the model traced to TorchScript, with the segattn metadata in its extra files."""
+"""model.pt: the model traced to TorchScript, with the model's record in its extra file ``segattn.json``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import torch
 from torch import nn
 
 from ..attention import attention_class
-from ..checkpoints.loading import write_metadata
 from ..files import replacing
 from ..record import ModelRecord
-from .onnx import onnx_metadata
 from .verify import ExportError, check_sizes, compare, trace_size
 from .wrapper import ExportWrapper
 
@@ -23,7 +21,7 @@ TORCHSCRIPT_FILE = "model.pt"
 def export_torchscript(
     model: nn.Module, record: ModelRecord, out: Path, size: tuple[int, int], atol: float
 ) -> dict[str, Any]:
-    """model.pt traced at ``size`` (metadata in its extra files), checked on two sizes; refused by flag."""
+    """model.pt traced at ``size`` (the record in its extra file), checked on two sizes; refused by flag."""
     name = record.attention
     label = f"torchscript[{name}]"
     if not attention_class(name).torchscript:
@@ -42,10 +40,8 @@ def export_torchscript(
     with warnings.catch_warnings():
         # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
         warnings.simplefilter("ignore", FutureWarning)
-        extra = {"segattn.json": onnx_metadata(record, True, "trace")}
         with replacing(path) as temp:
-            torch.jit.save(traced, str(temp), _extra_files=extra)
+            torch.jit.save(traced, str(temp), _extra_files=record.to_torchscript_extra(exporter="trace"))
         loaded = torch.jit.load(str(path))
     results = compare(wrapper, loaded, check_sizes(*size), atol, label)
-    write_metadata(record, out)
     return {"format": "torchscript", "attention": name, "checks": results}

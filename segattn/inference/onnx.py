@@ -7,16 +7,14 @@ of its export size, so it always runs in slide mode with that crop, padding imag
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import FileFormatError, one_line
-from ..record import ModelRecord
+from ..record import METADATA_KEY, ModelRecord
 from .tiling import default_stride, slide_windows
 
-METADATA_KEY = "segattn"
 ONNX_FILE = "model.onnx"
 
 
@@ -40,14 +38,7 @@ class OnnxSegmentor:
                 f"{self.path}: not an ONNX model onnxruntime can load ({one_line(error)}); {again}", self.path
             ) from None
         raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-        if raw is None:
-            raise ValueError(f"{self.path}: no '{METADATA_KEY}' metadata (classes, mean, std); {again}")
-        try:
-            self.record = ModelRecord.from_dict(json.loads(raw))
-        except json.JSONDecodeError as error:
-            raise FileFormatError(
-                f"{self.path}: its '{METADATA_KEY}' metadata is not JSON ({error}); {again}", self.path
-            ) from None
+        self.record = ModelRecord.from_onnx_metadata(raw, self.path)
         self.input_name = self.session.get_inputs()[0].name
         _, _, height, width = self.session.get_inputs()[0].shape
         self.fixed_size = (height, width) if isinstance(height, int) and isinstance(width, int) else None

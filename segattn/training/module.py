@@ -177,11 +177,7 @@ class SegmentationModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["segattn"] = {
-            "model": dict(self.model.config),
-            "data": self.record.data_section(),
-            "wandb_run_id": self.wandb_run_id(),
-        }
+        self.record.to_checkpoint(checkpoint, wandb_run_id=self.wandb_run_id())
         checkpoint["rng_states"] = rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ from .optim import build_optimizer, build_scheduler
 from .preemption import PreemptionCheckpoint
 from .preflight import preflight
 from .progress_log import ProgressLog
-from .rundir import claim_run_dir, save_run_config
+from .rundir import claim_run_dir, environment, save_environment, save_run_config
 from .spatial import BandParallelStrategy
 from .summary import print_summary, summarize
 
@@ -127,6 +127,8 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
         ignore_index=int(datamodule.ignore_index),
         dataset=cfg.data.name,
         data_config=recorded_data_config(cfg),
+        inference=plain(cfg.inference),  # what validation ran with
+        versions=environment(),
     )
     return SegmentationModule(
         model=model,
@@ -212,6 +214,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     commit_log()  # every check passed: train.log is written from here on (segattn.runlog)
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)
+        save_environment(run_dir)
     loggers = build_loggers(cfg, resumed)
     failed = True
     try:

@@ -1,4 +1,5 @@
-"""One live run per run directory, and the composed config written into it only once the run owns it.
+"""One live run per run directory, and the composed config written into it only once the run owns it,
+with ``environment.json``: the versions and git commit that ran it (``environment()``).
 
 A requeued job started while the old one still runs, or a copy-pasted command with the same
 ``hydra.run.dir``, would otherwise train beside the first run and overwrite its config and checkpoints.
@@ -10,9 +11,13 @@ another host is left alone, because its process cannot be checked from here.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import json
 import os
+import platform
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +29,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from ..files import atomic_write_text
 
 LOCK = ".lock"
+ENVIRONMENT_FILE = "environment.json"
 
 
 class RunDirLockedError(FileExistsError):
@@ -106,6 +112,44 @@ def claim_run_dir(run_dir: str | Path) -> contextlib.AbstractContextManager:
     """The run-dir lock for the process of global rank zero; DDP ranks it started (or torchrun / SLURM
     started beside it) share the directory and take no lock."""
     return run_dir_lock(run_dir) if rank_zero_only.rank == 0 else contextlib.nullcontext()
+
+
+@functools.cache
+def environment() -> dict[str, str]:
+    """The versions a run and its checkpoints' records name: segattn and timm as installed, torch as built
+    (``torch.__version__``, with its CUDA tag), Python, and the git commit of segattn's code ("unknown"
+    where it is not a git checkout or git is missing; never fails)."""
+    import torch
+
+    # str(): torch.__version__ is a TorchVersion, which a weights_only checkpoint load refuses to unpickle
+    versions = {"segattn": "unknown", "torch": str(torch.__version__), "timm": "unknown"}
+    for name in ("segattn", "timm"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return {**versions, "python": platform.python_version(), "git_commit": git_commit()}
+
+
+def git_commit() -> str:
+    """HEAD of the git checkout holding this package, or "unknown": an installed copy (also one inside a
+    user's own repository, where the package's files are not tracked) names no commit."""
+    package = Path(__file__).resolve().parent
+    commands = (["git", "ls-files", "--error-unmatch", Path(__file__).name], ["git", "rev-parse", "HEAD"])
+    output = ""
+    for command in commands:
+        try:
+            done = subprocess.run(command, cwd=package, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+        if done.returncode != 0:
+            return "unknown"
+        output = done.stdout.strip()
+    return output or "unknown"
+
+
+def save_environment(run_dir: str | Path) -> None:
+    """``<run dir>/environment.json``: ``environment()``, the versions and commit that ran it (the same as
+    its checkpoints' records name)."""
+    atomic_write_text(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(environment(), indent=2) + "\n")
 
 
 def save_run_config(cfg: DictConfig, run_dir: str | Path) -> None:

@@ -60,7 +60,10 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     assert best.is_file() and last.is_file()
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     meta = ckpt["segattn"]
-    assert set(meta) == {"model", "data", "wandb_run_id"}
+    assert set(meta) == {"format_version", "model", "data", "inference", "versions", "wandb_run_id"}
+    # The versions that trained it, in the checkpoint's record and in the run directory alike.
+    assert meta["versions"] == json.loads((run_dir / "environment.json").read_text())
+    assert meta["versions"]["torch"] == torch.__version__ and meta["inference"]["mode"] == "whole"
     assert meta["data"]["config"]["image_size"] == [32, 32]  # what eval.py rebuilds the dataset from
     assert meta["data"]["classes"] == [name for name, _ in SYNTHETIC_CLASSES]
     assert meta["data"]["ignore_index"] == 255 and len(meta["data"]["palette"]) == 5
