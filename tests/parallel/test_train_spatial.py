@@ -49,7 +49,8 @@ RUN = [
 ]
 
 
-def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    """``python train.py`` writing to tmp_path/run, not waited for (``train`` waits)."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
     command = [
         sys.executable,
@@ -57,14 +58,23 @@ def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
         f"paths.log_dir={tmp_path}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    return subprocess.run(
+    return subprocess.Popen(
         [*command, *RUN, *overrides],
         cwd=tmp_path,
         env=env | {"OMP_NUM_THREADS": "1"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
+
+
+def train(
+    tmp_path: Path, *overrides: str, job: subprocess.Popen | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python train.py`` (or wait for ``job`` from ``start``) to completion."""
+    job = job or start(tmp_path, *overrides)
+    stdout, stderr = job.communicate(timeout=300)
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -72,12 +82,9 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def test_spatial_training_resumes_and_equals_one_process(tmp_path):
-    first = train(tmp_path, "trainer=spatial_cpu", "trainer.max_steps=1")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    second = train(tmp_path, "trainer=spatial_cpu", "trainer.max_steps=2", "ckpt_path=last")
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "resuming from" in second.stdout + second.stderr
-
+    # The one-process run (in this process) trains while the first spatial run starts: neither waits for
+    # the other, and each is mostly one busy core.
+    first_job = start(tmp_path, "trainer=spatial_cpu", "trainer.max_steps=1")
     single_dir = tmp_path / "single"
     run(
         compose_config(
@@ -91,6 +98,12 @@ def test_spatial_training_resumes_and_equals_one_process(tmp_path):
             ]
         )
     )
+    first = train(tmp_path, job=first_job)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = train(tmp_path, "trainer=spatial_cpu", "trainer.max_steps=2", "ckpt_path=last")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming from" in second.stdout + second.stderr
+
     spatial, single = (
         weights(tmp_path / "run/checkpoints/last.ckpt"),
         weights(single_dir / "checkpoints/last.ckpt"),
