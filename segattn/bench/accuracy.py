@@ -225,6 +225,8 @@ def finished_row(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         }
         row |= {f"test_AP_{name}": value for name, value in test["AP"].items()}
         row |= {f"test_IoU_{name}": value for name, value in test["IoU"].items()}
+        if summary.get("test_last"):  # test_last=true: the final weights were tested too
+            row["test_last_mAP"] = summary["test_last"]["mAP"]
     return row
 
 
@@ -399,7 +401,11 @@ def summarize(
             row["test_mAP_mean"] = statistics.fmean(average_precision)
             row["test_mAP_std"] = statistics.stdev(average_precision) if len(average_precision) > 1 else None
             row["test_mAP_runs"] = " ".join(f"{s:.2f}" for s in average_precision)
-        per_class = [key for key in (mine[0] if mine else {}) if key.startswith(("test_AP_", "test_IoU_"))]
+        per_class = [
+            key
+            for key in (mine[0] if mine else {})
+            if key.startswith(("test_AP_", "test_IoU_", "test_last_"))
+        ]
         row |= {f"{key}_mean": mean_or_none([r.get(key) for r in mine]) for key in per_class}
         times = [r["train_seconds"] for r in mine if r.get("train_seconds")]
         row["train_minutes_mean"] = statistics.fmean(times) / 60 if times else None

@@ -27,11 +27,13 @@ def average_precision_markdown(table: list[dict[str, Any]]) -> str:
     experiment averages, ``metrics.ap_mean_classes``) with each class's AP, mIoU and the costs; then each
     class's IoU. Per-class cells are means over seeds."""
     ap_classes, iou_classes = class_columns(table, "test_AP_"), class_columns(table, "test_IoU_")
+    final = any(row.get("test_last_mAP_mean") is not None for row in table)  # runs with test_last=true
     lines = [
         "| arm | test mAP (mean ± std) | runs | "
+        + ("final weights' mAP | " if final else "")
         + " | ".join(f"AP {name}" for name in ap_classes)
         + " | mIoU | s/step | peak memory / step | minutes / run |",
-        "|---|---|---|" + "---|" * len(ap_classes) + "---|---|---|---|",
+        "|---|---|---|" + "---|" * (len(ap_classes) + final) + "---|---|---|---|",
     ]
     for row in table:
         mean, std = row.get("test_mAP_mean"), row.get("test_mAP_std")
@@ -40,6 +42,8 @@ def average_precision_markdown(table: list[dict[str, Any]]) -> str:
         step = format_seconds(row["step_seconds"]) if row.get("step_seconds") else "-"
         peak = format_bytes(row["peak_bytes"]) if row.get("peak_bytes") else "-"
         minutes = score_cell(row.get("train_minutes_mean"))
+        if final:
+            cells.insert(0, score_cell(row.get("test_last_mAP_mean")))
         lines.append(
             f"| `{row['variant']}` | {score} | {row.get('test_mAP_runs', '')} | {' | '.join(cells)} | "
             f"{score_cell(row['test_mIoU_mean'])} | {step} | {peak} | {minutes} |"

@@ -81,3 +81,13 @@ def test_average_precision_tables_and_resolution_plot(tmp_path: Path):
     assert iou_table.splitlines()[2] == "| `flatten` | 5.00 |"
     plot_resolution(table, tmp_path / "resolution.png", "test")
     assert (tmp_path / "resolution.png").read_bytes()[:8] == PNG
+
+
+def test_runs_that_tested_their_final_weights_get_a_column_for_it():
+    variants = [parse_spec("linear")]
+    runs = [run_row("linear", s, 30.0 + s) | {"test_last_mAP": 20.0 + s} for s in (0, 1)]
+    table = summarize(runs, {}, variants)
+    assert table[0]["test_last_mAP_mean"] == 20.5
+    header, _, row = markdown(table, "not measured").split("\n\n")[0].splitlines()[:3]
+    assert header.startswith("| arm | test mAP (mean ± std) | runs | final weights' mAP | AP microaneurysms")
+    assert row.startswith("| `linear` | 30.50 ± 0.71 | 30.00 31.00 | 20.50 | 15.25 |")
