@@ -5,9 +5,9 @@ directory's ``model.yaml`` + ``classes.json`` (``write_model_yaml`` / ``read_mod
 ``segattn.json`` with the same JSON (``to_torchscript_extra`` / ``from_torchscript_extra``).
 
 The checkpoint and ``model.yaml`` hold sections (``model``, ``data``, ``inference``, ``versions``); the JSON
-forms the flat ``to_dict()``. Every form carries ``format_version``; a reader refuses a newer one and any
-bad value in one line naming the file and the key. Readers of older files get the same defaults as before:
-ImageNet normalisation, the PASCAL palette, ignore index 255, no inference settings or versions.
+forms hold the flat ``to_dict()``. Every form carries ``format_version``; a reader refuses a newer one, and
+any bad value, in one line naming the file and the key. Readers of older files get the same defaults as
+before: ImageNet normalisation, the PASCAL palette, ignore index 255, no inference settings or versions.
 """
 
 from __future__ import annotations
