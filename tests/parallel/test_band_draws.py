@@ -3,7 +3,7 @@ stochastic-depth decisions one process makes for the whole image given the same 
 training step with the models' regularisers on still equals one process; the images of different
 data-parallel groups draw different decisions.
 
-One spawn of 4 gloo processes: 2 images × 2 bands, each process seeding its own generator differently
+One world of 4 gloo processes: 2 images × 2 bands, each process seeding its own generator differently
 first (as the processes of a real job may be). Before, each band drew its own decisions: with
 drop_path_rate 0.3 the gradients were 2e-2 from one process's (pvt + flatten, 192×256).
 """

@@ -3,7 +3,7 @@ logits, loss and parameter gradients, for every family × linear variant, on a n
 without gradient checkpointing; bands × data parallelism equals data parallelism over whole images; what
 cannot be split is refused by name.
 
-One spawn of 4 processes runs two layouts: 4 bands of one image, then 2 images × 2 bands (each image's
+One world of 4 processes runs two layouts: 4 bands of one image, then 2 images × 2 bands (each image's
 band logits and loss against that image's single-process result, the gradients after DDP's average
 against the mean of the two single-process gradients). One process computes each image's reference and
 sends it to the others (``band_workers``). Errors are relative to the largest value of the compared
