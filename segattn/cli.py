@@ -16,6 +16,7 @@ ValueError / FileNotFoundError / FileExistsError of a check) is one line on stde
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -25,7 +26,6 @@ from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_dir
-from hydra._internal.utils import get_args_parser  # the command line Hydra's main reads
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
@@ -155,9 +155,17 @@ def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
     ``paths.log_dir`` that cannot be created. Returns the run dir's nearest folder that exists now (a
     refused run removes the empty folders below it). Sweeps (``-m``) and Hydra's own flags are left to
     Hydra (None)."""
-    args = get_args_parser().parse_args(list(argv))
+    args = hydra_arguments().parse_args(list(argv))
     parse_overrides(config_name, args.overrides)
-    hydra_flags = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion, args.multirun)
+    hydra_flags = (
+        args.help,
+        args.hydra_help,
+        args.version,
+        args.cfg,
+        args.info,
+        args.shell_completion,
+        args.multirun,
+    )
     config_flags = (args.config_path, args.config_name, args.config_dir, args.experimental_rerun)
     if any(hydra_flags) or any(flag is not None for flag in config_flags):
         return None
@@ -169,6 +177,24 @@ def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
         check_writable_dir("paths.log_dir", log_dir)
     check_writable_dir("hydra.run.dir", run_dir)
     return next(folder for folder in run_dir.parents if folder.exists())
+
+
+def hydra_arguments() -> argparse.ArgumentParser:
+    """The command line ``@hydra.main`` reads (Hydra 1.3's flags, public as its ``--help`` documents them),
+    parsed here to tell a run from Hydra's own actions without importing Hydra's private parser."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    for flags in (["--help", "-h"], ["--hydra-help"], ["--resolve"], ["--run", "-r"], ["--multirun", "-m"]):
+        parser.add_argument(*flags, action="store_true")
+    parser.add_argument("--shell-completion", "-sc", action="store_true")
+    parser.add_argument("--version", action="store_true")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    for flags in (["--package", "-p"], ["--config-path", "-cp"], ["--config-name", "-cn"]):
+        parser.add_argument(*flags)
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--experimental-rerun")
+    return parser
 
 
 def run_command(

@@ -6,7 +6,7 @@ here, so a file gives the model the same pixels in both. Image conversions: gray
 images keep their top 8 bits. EXIF orientation is ignored so that images stay on the same pixel grid as
 their masks. Every failure is a ``DataError`` naming the file.
 
-Nothing here imports torch, Lightning or Hydra: the ONNX predict path runs on numpy and Pillow alone.
+Nothing here imports torch, Lightning or Hydra: an ONNX model's ``predict`` runs on numpy and Pillow alone.
 """
 
 from __future__ import annotations
@@ -230,6 +230,22 @@ def write_classes(directory: Path, names: list[str], palette: list[Color]) -> No
     atomic_write_text(directory / CLASSES_FILE, json.dumps({"classes": classes}, indent=2) + "\n")
 
 
+def shrunk_size(height: int, width: int, factor: int) -> tuple[int, int]:
+    """The size of a ``height`` × ``width`` image shrunk by ``factor``: each side rounded, at least 1."""
+    return max(1, round(height / factor)), max(1, round(width / factor))
+
+
+def shrink_image(image: np.ndarray, factor: int) -> np.ndarray:
+    """``image`` [H, W, 3] shrunk by ``factor`` (area averaging) to (round(H/f), round(W/f)): how training
+    (``data.downsample``) and prediction shrink an image, so a model sees the same pixels in both."""
+    if factor == 1:
+        return image
+    import cv2  # opencv comes with albumentations; only a shrinking model needs it at predict time
+
+    height, width = shrunk_size(*image.shape[:2], factor)
+    return cv2.resize(np.ascontiguousarray(image), (width, height), interpolation=cv2.INTER_AREA)
+
+
 __all__ = [
     "CLASSES_FILE",
     "IGNORE_INDEX",
@@ -248,5 +264,7 @@ __all__ = [
     "read_color_mask",
     "read_image",
     "read_mask",
+    "shrink_image",
+    "shrunk_size",
     "write_classes",
 ]

@@ -4,9 +4,10 @@
 
 Writes ``out/masks/<stem>.png`` (class index per pixel) and ``out/overlays/<stem>.png``. Two inputs whose
 outputs would share a name (``a.png`` and ``a.jpg``) are refused, naming both, before anything is written.
-An ONNX model runs on onnxruntime, numpy and Pillow alone: torch is imported only for checkpoints and
-safetensors directories. Unreadable images are named, skipped, and make the command exit with status 1 at
-the end.
+An ONNX model runs without torch (onnxruntime, numpy, Pillow; Hydra for this command line): torch is
+imported only for checkpoints and safetensors directories. Every image goes through
+``TrainedModel.predict``, which shrinks it as the model was trained (``data.downsample``). Unreadable images
+are named, skipped, and make the command exit with status 1 at the end.
 
 How an image is predicted is the ``inference`` config group, shared with train.py's validation and eval.py
 (``inference.mode=slide inference.crop=[512,512]``). In slide mode a TIFF input (GeoTIFF, BigTIFF) is
@@ -22,65 +23,17 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from .cli import run_command
 from .config import plain
 from .cpu_memory import reuse_freed_memory
-from .images import as_hw, is_raster
-from .inference.image_io import find_images, normalize, overlay, read_input, save_mask, save_rgb
+from .images import is_raster
+from .inference.image_io import find_images, overlay, read_input, save_mask, save_rgb
 from .inference.trained import TrainedModel, is_onnx, open_model
-from .record import ModelRecord
 
 if TYPE_CHECKING:
     from .inference.tiling import SlideSettings
-
-Predictor = Callable[[np.ndarray], np.ndarray]  # normalised float32 [1, 3, H, W] -> class indices [H, W]
-
-
-def onnx_predictor(model: TrainedModel, inference: dict[str, Any]) -> Predictor:
-    """numpy slide/flip inference in the model's onnxruntime session; multi-scale TTA needs the torch path."""
-    from .inference.onnx import infer_numpy
-
-    if list(inference["scales"]) != [1.0]:
-        raise ValueError(
-            f"inference.scales={list(inference['scales'])} (multi-scale TTA) needs a checkpoint or "
-            "safetensors model"
-        )
-    crop, stride = inference["crop"], inference["stride"]
-
-    def predict(images: np.ndarray) -> np.ndarray:
-        logits = infer_numpy(
-            model.session,
-            images,
-            inference["mode"],
-            None if crop is None else as_hw(crop, "inference.crop"),
-            None if stride is None else as_hw(stride, "inference.stride"),
-            inference["crop_batch_size"],
-            inference["flip"],
-        )
-        return logits[0].argmax(axis=0)
-
-    return predict
-
-
-def torch_predictor(model: TrainedModel, inference: dict[str, Any], threads: int) -> Predictor:
-    """``segattn.inference.infer`` on whole images under inference mode on the CPU, with ``threads`` torch
-    threads (0: torch's default)."""
-    import torch
-
-    from .inference.infer import infer
-
-    if threads:
-        torch.set_num_threads(threads)
-
-    def predict(images: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            logits = infer(model.network, torch.from_numpy(images), model.record.num_classes, **inference)
-        return logits[0].argmax(dim=0).numpy()
-
-    return predict
 
 
 def streams(path: Path, args: DictConfig) -> bool:
@@ -127,9 +80,10 @@ def progress(items: list[Path], description: str) -> Iterator[Path]:
 
 
 def predict_files(
-    predictor: Predictor, record: ModelRecord, files: Iterable[Path], out: Path, alpha: float
+    model: TrainedModel, inference: dict[str, Any], files: Iterable[Path], out: Path, alpha: float
 ) -> tuple[int, list[tuple[Path, str]]]:
-    """Masks and overlays for every readable file; (written count, [(file, reason) for skipped files])."""
+    """Masks and overlays for every readable file by ``model.predict`` (which shrinks an image as the
+    model was trained); (written count, [(file, reason) for skipped files])."""
     written, failed = 0, []
     for path in files:
         try:
@@ -138,9 +92,9 @@ def predict_files(
             print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
             failed.append((path, str(error)))
             continue
-        mask = predictor(normalize(rgb, record.mean, record.std))
+        mask = model.predict(rgb, **inference)
         save_mask(mask, out / "masks" / f"{path.stem}.png")
-        save_rgb(overlay(rgb, mask, record.palette, alpha), out / "overlays" / f"{path.stem}.png")
+        save_rgb(overlay(rgb, mask, model.record.palette, alpha), out / "overlays" / f"{path.stem}.png")
         written += 1
     return written, failed
 
@@ -209,15 +163,21 @@ def run(args: DictConfig) -> int:
         check_output_names(images, rasters, out)
         settings = raster_settings(inference, model_path) if rasters else None
         model = open_model(model_path, args.threads)
-        predictor = (
-            onnx_predictor(model, inference)
-            if model.network is None
-            else torch_predictor(model, inference, args.threads)
-        )
+        model.settings(**inference)  # what this model cannot run is refused before the first image
+        if rasters and model.downsample > 1:
+            raise ValueError(
+                f"checkpoint={model_path}: trained on images shrunk {model.downsample}x (data.downsample), "
+                f"which a TIFF streamed by window does not do yet; set stream=false to read {rasters[0]} "
+                "whole, or shrink it first"
+            )
+        if args.threads and model.network is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
-    written, failed = predict_files(predictor, model.record, progress(images, "segmenting"), out, args.alpha)
+    written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha)
     streamed = 0
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)

@@ -25,23 +25,10 @@ import cv2
 import numpy as np
 
 from ..files import atomic_write
-from ..images import read_image
+from ..images import read_image, shrink_image, shrunk_size
 from .base import Sample
 
 FOREGROUND_SAMPLE = 16384  # positions kept per class and image: plenty to draw crop centres from
-
-
-def shrunk_size(height: int, width: int, factor: int) -> tuple[int, int]:
-    """The size of a ``height`` × ``width`` image shrunk by ``factor``: each side rounded, at least 1."""
-    return max(1, round(height / factor)), max(1, round(width / factor))
-
-
-def shrink_image(image: np.ndarray, factor: int) -> np.ndarray:
-    """``image`` [H, W, 3] shrunk by ``factor`` (area averaging) to (round(H/f), round(W/f))."""
-    if factor == 1:
-        return image
-    height, width = shrunk_size(*image.shape[:2], factor)
-    return cv2.resize(np.ascontiguousarray(image), (width, height), interpolation=cv2.INTER_AREA)
 
 
 def shrink_mask(mask: np.ndarray, factor: int) -> np.ndarray:

@@ -30,9 +30,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..images import IGNORE_INDEX, Color, read_image_size
+from ..images import IGNORE_INDEX, Color, read_image_size, shrunk_size
 from .base import Sample, SegDatasetBase, Transform
-from .decoded import DecodedCache, shrunk_size
+from .decoded import DecodedCache
 
 
 class CachedDataset(SegDatasetBase):

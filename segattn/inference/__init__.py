@@ -1,16 +1,7 @@
-"""Inference: whole-image, sliding-window and test-time-augmented prediction in torch (``infer``), the
-same geometry in numpy around onnxruntime (``onnx``), window tiling and image I/O.
+"""Inference: one way to run a trained model (``trained``: ``open_model``, ``TrainedModel.predict``), and
+below it whole-image, sliding-window and test-time-augmented prediction in torch (``infer``), the same
+geometry in numpy around onnxruntime (``onnx``), window tiling and image I/O.
 
-``infer`` and ``MODES`` are imported on first use, so the onnxruntime path (``segattn.predict`` with an
-ONNX model) runs where torch is not installed.
+Import what you use from its module (``from segattn.inference.infer import infer``): the package imports
+nothing itself, so the onnxruntime path runs where torch is not installed.
 """
-
-from typing import Any
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("infer", "infer_slide", "infer_whole", "MODES"):
-        from . import infer
-
-        return getattr(infer, name)
-    raise AttributeError(f"module 'segattn.inference' has no attribute {name!r}")

@@ -10,9 +10,10 @@ import pytest
 from data_fixtures import make_folder, save
 
 from segattn.data import SegDataModule
-from segattn.data.decoded import DecodedCache, foreground_positions, shrink_image, shrink_mask
+from segattn.data.decoded import DecodedCache, foreground_positions, shrink_mask
 from segattn.data.folder import FolderLayout
 from segattn.data.transforms import build_eval_transform, build_train_transform
+from segattn.images import shrink_image
 
 
 def test_shrink_mask_keeps_the_label_covering_most_of_each_pixel():
