@@ -18,6 +18,7 @@ write or two processes filling the same cache never leave a partial file.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,6 +71,20 @@ class DecodedCache:
 
     def __init__(self, root: str | Path | None) -> None:
         self.root = None if root is None else Path(root).expanduser()
+        self.told = False  # whether this process has said where the cache grows
+
+    def tell(self, path: Path, nbytes: int) -> None:
+        """Say once per process where decoded arrays are being written and how large one is: a
+        full-resolution IDRiD split fills gigabytes, which a user should not discover on a full disk."""
+        if self.told:
+            return
+        self.told = True
+        print(
+            f"segattn: decoding images once into {self.root} (data.cache_dir; {path.name} of "
+            f"{path.parent.name}: {nbytes / 2**20:.0f} MiB); later reads map them from there, and deleting "
+            "the folder only costs decoding them again",
+            file=sys.stderr,
+        )
 
     def folder(self, path: Path, factor: int) -> Path | None:
         """Where the arrays of source ``path`` shrunk by ``factor`` live (None without a cache)."""
@@ -115,5 +130,6 @@ class DecodedCache:
         path = folder / name
         if not path.is_file():
             array = decode()
+            self.tell(path, array.nbytes)
             atomic_write(path, lambda handle: np.save(handle, np.ascontiguousarray(array)), sole_writer=False)
         return np.load(path, mmap_mode="r")

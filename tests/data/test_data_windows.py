@@ -55,11 +55,13 @@ def large_folder(tmp_path):
     return root
 
 
-def test_cache_decodes_once_and_again_when_the_source_changes(large_folder, tmp_path):
+def test_cache_decodes_once_and_again_when_the_source_changes(large_folder, tmp_path, capsys):
     layout = FolderLayout(large_folder, cache_dir=tmp_path / "cache")
     sample = layout.samples("train")[0]
     image = layout.cache.image(sample)
     assert isinstance(image, np.memmap) and image.shape == (64, 96, 3)
+    told = capsys.readouterr().err  # the first write says where the cache grows, once per process
+    assert f"decoding images once into {tmp_path / 'cache'} (data.cache_dir; image.npy of" in told
     files = sorted((tmp_path / "cache").rglob("*.npy"))
     assert len(files) == 1
     before = files[0].stat().st_mtime_ns
@@ -68,6 +70,7 @@ def test_cache_decodes_once_and_again_when_the_source_changes(large_folder, tmp_
     os.utime(sample.image, ns=(before + 10**9, before + 10**9))  # the source changed
     layout.cache.image(sample)
     assert len(sorted((tmp_path / "cache").rglob("image.npy"))) == 2
+    assert capsys.readouterr().err == ""  # a second write says nothing more
     assert layout.cache.mask(sample, 2).shape == (32, 48)
     assert not list((tmp_path / "cache").rglob("*.tmp"))
     uncached = DecodedCache(None)
