@@ -5,22 +5,17 @@ train.py and eval.py run their real Hydra applications in-process (``sys.argv`` 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from commands_in_process import run_command
 from omegaconf import OmegaConf
 from torch._utils import ExceptionWrapper
 
 from segattn import cli, config
 from segattn.evaluation.command import data_config
-from segattn.export import main as export_main
 from segattn.export.command import FORMATS
 from segattn.images import DataError
-from segattn.predict import main as predict_main
-
-HYDRA_APPS = {"train.py": cli.train, "eval.py": cli.evaluate}
-IN_PROCESS = {"segattn.export": export_main, "segattn.predict": predict_main}
 
 
 @pytest.fixture
@@ -167,16 +162,6 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         "crop is now inference.crop: write inference.crop=512",
     ),
 ]
-
-
-def run_command(command: str, argv: list[str], logs: Path, monkeypatch) -> int:
-    """Exit status of ``command argv`` run in-process."""
-    if command in IN_PROCESS:
-        return IN_PROCESS[command](argv)
-    monkeypatch.setattr(sys, "argv", [command, f"paths.log_dir={logs}", "hydra/job_logging=none", *argv])
-    with pytest.raises(SystemExit) as ended:
-        HYDRA_APPS[command]()
-    return ended.value.code
 
 
 @pytest.mark.parametrize(("command", "argv", "expected"), CASES, ids=[" ".join(case[1]) for case in CASES])

@@ -9,34 +9,21 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from commands_in_process import run_command
 from export_fixtures import tiny_model, tiny_record
 from PIL import Image
 
-from segattn import cli, files
+from segattn import files
 from segattn.checkpoints.atomic import atomic_save
 from segattn.errors import EXIT_CONFIG, EXIT_FAILED, ConfigError, DiskError, FileFormatError, translate
 from segattn.export import export
 from segattn.export import main as export_main
 from segattn.predict import main as predict_main
-
-HYDRA_APPS = {"train.py": cli.train, "eval.py": cli.evaluate}
-IN_PROCESS = {"segattn.predict": predict_main, "segattn.export": export_main}
-
-
-def run_command(command: str, argv: list[str], logs: Path, monkeypatch) -> int:
-    """Exit status of ``command argv`` run in-process, train.py and eval.py logging under ``logs``."""
-    if command in IN_PROCESS:
-        return IN_PROCESS[command](argv)
-    monkeypatch.setattr(sys, "argv", [command, f"paths.log_dir={logs}", "hydra/job_logging=none", *argv])
-    with pytest.raises(SystemExit) as ended:
-        HYDRA_APPS[command]()
-    return ended.value.code
 
 
 @pytest.fixture
