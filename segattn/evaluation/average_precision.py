@@ -109,10 +109,13 @@ def score_logits(
     return preds
 
 
-def class_ids(names: Sequence[str] | None, classes: Sequence[str], key: str) -> list[int] | None:
-    """Class indices of ``names`` (None stays None); an unknown name is a ValueError naming ``key``."""
+def class_ids(names: Sequence[str] | str | None, classes: Sequence[str], key: str) -> list[int] | None:
+    """Class indices of ``names`` (None stays None; one name alone, as ``key=sky`` gives it, is a list of
+    one, not of its letters); an unknown name is a ValueError naming ``key``."""
     if names is None:
         return None
+    if isinstance(names, str):
+        names = [names]
     unknown = [n for n in names if n not in classes]
     if unknown or not names:
         raise ValueError(f"{key}={list(names)}: expected class names among {list(classes)}")

@@ -94,3 +94,5 @@ def test_bad_arguments_name_the_value():
         class_ids(["tumour"], ["background", "lesion"], "metrics.ap_mean_classes")
     assert class_ids(["lesion"], ["background", "lesion"], "metrics.ap_mean_classes") == [1]
     assert class_ids(None, ["background", "lesion"], "metrics.ap_mean_classes") is None
+    # metrics.ap_mean_classes=lesion on the command line is one name, not the letters l, e, s, i, o, n
+    assert class_ids("lesion", ["background", "lesion"], "metrics.ap_mean_classes") == [1]
