@@ -70,6 +70,18 @@ def check_output_names(images: list[Path], rasters: list[Path], out: Path) -> No
             seen[name] = path
 
 
+def say_replaced(images: list[Path], rasters: list[Path], out: Path) -> None:
+    """Before anything is written: name the files of an earlier run in ``out`` that this one replaces (a
+    rerun into the same ``out=`` overwrites its own outputs, and says so instead of doing it silently)."""
+    planned = [out / folder / f"{path.stem}.png" for path in images for folder in ("masks", "overlays")]
+    planned += [out / "masks" / f"{path.stem}.tif" for path in rasters]
+    existing = [path for path in planned if path.exists()]
+    if existing:
+        names = ", ".join(str(path.relative_to(out)) for path in existing[:5])
+        more = f" and {len(existing) - 5} more" if len(existing) > 5 else ""
+        print(f"segattn.predict: replacing {len(existing)} file(s) of an earlier run in {out}: {names}{more}")
+
+
 def progress(items: list[Path], description: str) -> Iterator[Path]:
     """A rich progress bar when rich is installed (it is a segattn dependency); plain iteration otherwise."""
     try:
@@ -177,6 +189,7 @@ def run(args: DictConfig) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
+    say_replaced(images, rasters, out)
     written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha)
     streamed = 0
     if rasters:

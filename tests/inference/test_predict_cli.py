@@ -66,9 +66,14 @@ def test_onnx_predict_runs_without_torch_skips_the_corrupt_file_and_fails_at_the
     assert not (out / "masks" / "c.png").exists()
 
 
-def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_path):
+def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([f"checkpoint={exported['safetensors']}", f"input={images}/*.png", f"out={out}"]) == 1
+    assert "replacing" not in capsys.readouterr().out
+    # a rerun into the same out= says which of its files it replaces before writing them
+    assert main([f"checkpoint={exported['safetensors']}", f"input={images}/*.png", f"out={out}"]) == 1
+    said = capsys.readouterr().out
+    assert f"replacing 2 file(s) of an earlier run in {out}: masks/a.png, overlays/a.png" in said
     mask = np.asarray(Image.open(out / "masks" / "a.png"))
     np.testing.assert_array_equal(mask, expected_mask(images / "a.png"))
     colours = np.asarray(PALETTE)[mask]
