@@ -284,7 +284,14 @@ class PyramidVisionTransformer(Encoder):
             if key.startswith("head.") or ".attn.kv." in key:
                 continue
             if ".attn.q." in key:
-                kv = state_dict[key.replace(".attn.q.", ".attn.kv.")]
+                kv_key = key.replace(".attn.q.", ".attn.kv.")
+                if kv_key not in state_dict:
+                    raise ValueError(
+                        f"model.pretrained: the weights hold {key} but not {kv_key}, the keys and values of "
+                        "the same PVTv2 attention; expected a whole PVTv2 state dict (timm pvt_v2_* or the "
+                        "original repository's)"
+                    )
+                kv = state_dict[kv_key]
                 out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([value, kv], dim=0)
             else:
                 out[key] = value

@@ -53,6 +53,17 @@ def test_vit_loads_a_cls_token_checkpoint_without_its_prefix() -> None:
     )
 
 
+def test_pvt_weights_without_an_attention_kv_are_one_line_naming_the_key() -> None:
+    state = timm.create_model("pvt_v2_b0", pretrained=False).state_dict()
+    del state["stages.1.blocks.0.attn.kv.weight"]
+    with pytest.raises(
+        ValueError,
+        match=r"model.pretrained: the weights hold stages.1.blocks.0.attn.q.weight "
+        r"but not stages.1.blocks.0.attn.kv.weight",
+    ):
+        create_pvt(SOFTMAX, size="b0").convert_state_dict(state)
+
+
 @pytest.mark.parametrize("hw", [(96, 160), (100, 150)])
 def test_pvt_stage_outputs_equal_timm_pvt_v2_b0(hw: tuple[int, int]) -> None:
     torch.manual_seed(0)
