@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -152,12 +153,44 @@ def save_environment(run_dir: str | Path) -> None:
     atomic_write_text(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(environment(), indent=2) + "\n")
 
 
+# The groups a reader looks for first, in this order; the other keys follow as composed.
+TREE_ORDER = ("data", "model", "attention", "loss", "optimizer", "scheduler", "trainer", "inference")
+
+
+def config_tree(cfg: DictConfig) -> str:
+    """The composed config as a tree (one branch per top-level key, the groups of ``TREE_ORDER`` first),
+    values resolved where they can be: what the run will use, as the lightning-hydra-template prints it."""
+    from rich.console import Console
+    from rich.syntax import Syntax
+    from rich.tree import Tree
+
+    tree = Tree("config", guide_style="dim")
+    keys = [k for k in TREE_ORDER if k in cfg] + [k for k in cfg if k not in TREE_ORDER]
+    for key in keys:
+        node = cfg._get_node(key)
+        try:
+            value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else cfg[key]
+        except Exception:  # an interpolation only Hydra's runtime resolves: shown as written
+            value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node._value()
+        if isinstance(value, dict | list):
+            tree.add(key).add(Syntax(OmegaConf.to_yaml(OmegaConf.create(value)).rstrip(), "yaml"))
+        else:
+            tree.add(f"{key}: {value}")
+    console = Console(file=io.StringIO(), width=110, color_system=None)
+    console.print(tree)
+    return "".join(line.rstrip() + "\n" for line in console.file.getvalue().splitlines())
+
+
 def save_run_config(cfg: DictConfig, run_dir: str | Path) -> None:
     """Write ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` as Hydra would, but only once
-    the run owns its directory and its config passed every check (``hydra.output_subdir: null``)."""
+    the run owns its directory and its config passed every check (``hydra.output_subdir: null``); print the
+    composed config as a tree and keep it beside them (``config_tree.txt``)."""
     folder = Path(run_dir) / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(cfg))
+    tree = config_tree(cfg)
+    print(tree, end="")
+    atomic_write_text(Path(run_dir) / "config_tree.txt", tree)
     if HydraConfig.initialized():
         hydra_cfg = HydraConfig.get()
         atomic_write_text(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
