@@ -31,3 +31,16 @@ def test_unknown_callback_logger_or_strategy_lists_the_valid_names():
     with pytest.raises(ValueError, match="expected one of ddp, fsdp"):
         build_strategy({"name": "deepspeed"})
     assert build_from_registry("callbacks", CALLBACKS, {"early_stopping": None}) == []
+
+
+def test_compile_with_a_torch_without_custom_operators_is_one_line(monkeypatch):
+    import torch
+
+    from segattn.training.run import check_compile_support
+
+    check_compile_support()  # the pinned torch has them
+    monkeypatch.delattr(torch.library, "custom_op")
+    with pytest.raises(
+        ValueError, match=r"model.compile=true needs torch 2.4 or later .* set model.compile=false"
+    ):
+        check_compile_support()

@@ -104,6 +104,8 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
     compile_network = model_options.pop("compile", False)  # how to train it, not the architecture
     if not isinstance(compile_network, bool):
         raise ValueError(f"model.compile={compile_network!r}; expected true or false")
+    if compile_network:
+        check_compile_support()
     model = build_model(
         **model_options,
         num_classes=datamodule.num_classes,
@@ -145,6 +147,19 @@ def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModu
             ),
         },
     )
+
+
+def check_compile_support() -> None:
+    """``model.compile=true`` needs ``torch.library.custom_op`` (torch 2.4 and later): the Triton kernels are
+    operators of it, and without them a compiled model would fall back to the slower plain formula."""
+    import torch
+
+    if not hasattr(torch.library, "custom_op"):
+        raise ValueError(
+            f"model.compile=true needs torch 2.4 or later (torch.library.custom_op keeps the Triton kernels "
+            f"in the compiled graph); this is torch {torch.__version__}: set model.compile=false, or install "
+            "the torch pinned in the Makefile"
+        )
 
 
 def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
