@@ -150,8 +150,8 @@ def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) 
     table = experiment_table(values["experiment"], values.get("overrides") or [])
     if values.get("variants"):
         variants = [parse_spec(text) for text in values["variants"]]
-    elif table is not None:  # the arms the experiment file lists
-        variants = table.arms
+    elif table is not None:  # the arms the experiment file lists, or those of them --arms names
+        variants = table.select(values.get("arms"), values["experiment"])
     else:
         variants = [parse_spec(text) for text in default_variants(args.smoke, values["experiment"])]
     settings = AccuracySettings(
@@ -160,6 +160,7 @@ def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) 
         seeds=table.seeds if table is not None and args.seeds is None else values["seeds"],
         overrides=values.get("overrides") or [],
         jobs=values.get("jobs", 1),
+        threads=args.threads,
         repeats=values["repeats"],
         maxres_budget_gib=None if args.no_maxres else budget or total_memory_budget(device) / (1 << 30),
         maxres_start=values["start"],
@@ -199,6 +200,9 @@ def add_accuracy_options(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=flags.positive_int, help="runs side by side, each with cores / jobs threads"
     )
     group.add_argument(
+        "--arms", nargs="+", help="only these arms of the experiment's table.arms, by label (default: all)"
+    )
+    group.add_argument(
         "--overrides", nargs="+", help="Hydra overrides for every run, e.g. data.root=../shared/data/camvid"
     )
     group.add_argument("--repeats", type=flags.positive_int, help="timed step repeats for the s/step column")
@@ -226,7 +230,10 @@ def common_parser() -> argparse.ArgumentParser:
     common.add_argument("--out", type=Path, help="run directory (default bench_results/<timestamp>/)")
     common.add_argument("--device", help="cpu or cuda[:i] (default: cuda when available)")
     common.add_argument(
-        "--threads", type=flags.positive_int, help="torch intra-op threads (default: torch's choice)"
+        "--threads",
+        type=flags.positive_int,
+        help="torch intra-op threads (default: torch's choice); in accuracy, those of each training run "
+        "(default: cores / jobs)",
     )
     common.add_argument(
         "--variants",

@@ -51,6 +51,7 @@ class AccuracySettings:
     seeds: list[int]
     overrides: list[str]  # Hydra overrides added to every run (e.g. data.root=...)
     jobs: int = 1  # runs side by side, each with cores // jobs threads
+    threads: int | None = None  # threads of each training run; None: cores // jobs
     repeats: int = 3
     maxres_budget_gib: float | None = 2.0  # None: skip the maxres column
     maxres_start: int = 512
@@ -182,7 +183,7 @@ def train_one(settings: AccuracySettings, variant: Spec, seed: int, runs_dir: Pa
         last = run_dir / "checkpoints" / "last.ckpt"
         if last.is_file():
             command.append(f"ckpt_path={last}")
-        threads = str(max(1, (os.cpu_count() or 1) // settings.jobs))
+        threads = str(settings.threads or max(1, (os.cpu_count() or 1) // settings.jobs))
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,20 @@ class Table:
     arms: list[Spec]
     seeds: list[int]
 
+    def select(self, labels: list[str] | None, experiment: str) -> list[Spec]:
+        """The arms named by ``labels`` (``--arms``), in the table's order; all of them without labels.
+        A label the table lacks is refused, naming the ones it has."""
+        if not labels:
+            return list(self.arms)
+        known = [arm.label for arm in self.arms]
+        unknown = [label for label in labels if label not in known]
+        if unknown:
+            raise ValueError(
+                f"--arms {' '.join(unknown)}: not an arm of experiment {experiment}; expected among "
+                f"{', '.join(known)}"
+            )
+        return [arm for arm in self.arms if arm.label in labels]
+
 
 def experiment_table(experiment: str, overrides: list[str]) -> Table | None:
     """``table.arms`` ({label: [overrides]}) and ``table.seeds`` of the composed experiment; None without a

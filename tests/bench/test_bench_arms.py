@@ -22,6 +22,16 @@ def test_the_idrid_resolution_table_keeps_the_field_of_view_of_every_arm():
     assert overrides[0] == "attention=linear" and "data.downsample=2" in overrides
 
 
+def test_arms_selects_by_label_in_the_table_order_and_refuses_an_unknown_one():
+    table = experiment_table("idrid_resolution_cpu", ROOT)
+    assert [arm.label for arm in table.select(["sra", "linear"], "x")] == ["linear", "sra"]
+    assert table.select(None, "x") == table.arms
+    with pytest.raises(
+        ValueError, match="--arms nosuch: not an arm of experiment x; expected among linear, "
+    ):
+        table.select(["linear", "nosuch"], "x")
+
+
 def test_an_experiment_without_a_table_has_none():
     assert experiment_table("accuracy_smoke", []) is None
 
