@@ -54,28 +54,34 @@ def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSetting
     return slide_settings(inference)
 
 
-def check_output_names(images: list[Path], rasters: list[Path], out: Path) -> None:
-    """Every input gets outputs of its own: an image ``masks/<stem>.png`` and ``overlays/<stem>.png``, a
-    streamed raster ``masks/<stem>.tif``; two inputs with one name (``a.png`` and ``a.jpg``, or one file name
-    in two folders of a glob) are a ValueError naming both, instead of the second overwriting the first."""
-    for files, suffix in ((images, ".png"), (rasters, ".tif")):
-        seen: dict[str, Path] = {}
-        for path in files:
-            name = f"{path.stem}{suffix}"
-            if name in seen:
-                raise ValueError(
-                    f"input: {seen[name]} and {path} would both be written as {out / 'masks' / name}; "
-                    "rename one, or predict them into different out= folders"
-                )
-            seen[name] = path
+def planned_outputs(images: list[Path], rasters: list[Path], out: Path) -> list[tuple[Path, Path]]:
+    """(input, output) for every file this run writes into ``out``, in the order it writes them: an image's
+    ``masks/<stem>.png`` and ``overlays/<stem>.png``, a streamed raster's ``masks/<stem>.tif``. The one list
+    that the name check and the note on replaced files both read."""
+    planned = [
+        (path, out / folder / f"{path.stem}.png") for path in images for folder in ("masks", "overlays")
+    ]
+    return planned + [(path, out / "masks" / f"{path.stem}.tif") for path in rasters]
 
 
-def say_replaced(images: list[Path], rasters: list[Path], out: Path) -> None:
+def check_output_names(planned: list[tuple[Path, Path]]) -> None:
+    """Every input gets outputs of its own (``planned_outputs``); two inputs with one name (``a.png`` and
+    ``a.jpg``, or one file name in two folders of a glob) are a ValueError naming both, instead of the second
+    overwriting the first."""
+    seen: dict[Path, Path] = {}
+    for source, target in planned:
+        if target in seen:
+            raise ValueError(
+                f"input: {seen[target]} and {source} would both be written as {target}; "
+                "rename one, or predict them into different out= folders"
+            )
+        seen[target] = source
+
+
+def say_replaced(planned: list[tuple[Path, Path]], out: Path) -> None:
     """Before anything is written: name the files of an earlier run in ``out`` that this one replaces (a
     rerun into the same ``out=`` overwrites its own outputs, and says so instead of doing it silently)."""
-    planned = [out / folder / f"{path.stem}.png" for path in images for folder in ("masks", "overlays")]
-    planned += [out / "masks" / f"{path.stem}.tif" for path in rasters]
-    existing = [path for path in planned if path.exists()]
+    existing = [target for _, target in planned if target.exists()]
     if existing:
         names = ", ".join(str(path.relative_to(out)) for path in existing[:5])
         more = f" and {len(existing) - 5} more" if len(existing) > 5 else ""
@@ -172,7 +178,8 @@ def run(args: DictConfig) -> int:
         files = find_images(args.input)
         rasters = [path for path in files if streams(path, args)]
         images = [path for path in files if path not in rasters]
-        check_output_names(images, rasters, out)
+        planned = planned_outputs(images, rasters, out)
+        check_output_names(planned)
         settings = raster_settings(inference, model_path) if rasters else None
         model = open_model(model_path, args.threads)
         model.settings(**inference)  # what this model cannot run is refused before the first image
@@ -189,7 +196,7 @@ def run(args: DictConfig) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
-    say_replaced(images, rasters, out)
+    say_replaced(planned, out)
     written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha)
     streamed = 0
     if rasters:
