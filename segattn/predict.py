@@ -33,7 +33,7 @@ from .inference.image_io import find_images, overlay, read_input, save_mask, sav
 from .inference.trained import TrainedModel, is_onnx, open_model
 
 if TYPE_CHECKING:
-    from .inference.tiling import SlideSettings
+    from .tiling import SlideSettings
 
 
 def streams(path: Path, args: DictConfig) -> bool:
@@ -44,7 +44,7 @@ def streams(path: Path, args: DictConfig) -> bool:
 def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSettings:
     """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed (checked
     before the model is opened)."""
-    from .inference.tiling import slide_settings
+    from .tiling import slide_settings
 
     if is_onnx(model_path):
         raise ValueError(

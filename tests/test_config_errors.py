@@ -3,7 +3,7 @@
 import pytest
 from train_overrides import compose_config
 
-from segattn.config import check_config
+from segattn.training.config_checks import check_config
 from segattn.training.run import CALLBACKS, build_from_registry, build_strategy
 
 

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 from train_overrides import CONF, compose_config
 
-from segattn import config
+from segattn.config import resolvers
 from segattn.evaluation.command import data_config
 from segattn.record import ModelRecord
 
@@ -30,7 +30,7 @@ def written_default(dataset: str) -> int:
 @pytest.mark.parametrize("cores", [1, 2, 64])
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_the_default_never_exceeds_the_cores(monkeypatch, tmp_path, dataset, cores):
-    monkeypatch.setattr(config, "available_cores", lambda: cores)
+    monkeypatch.setattr(resolvers, "available_cores", lambda: cores)
     cfg = compose_config([f"data={dataset}", f"data.root={tmp_path}"])
     asked = written_default(dataset)
     assert cfg.data.num_workers == min(asked, cores) <= cores
@@ -38,12 +38,12 @@ def test_the_default_never_exceeds_the_cores(monkeypatch, tmp_path, dataset, cor
 
 def test_the_camvid_default_is_four_workers_or_the_cores(monkeypatch, tmp_path):
     for cores, expected in [(1, 1), (2, 2), (4, 4), (16, 4)]:
-        monkeypatch.setattr(config, "available_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(resolvers, "available_cores", lambda cores=cores: cores)
         assert compose_config(["data=camvid", f"data.root={tmp_path}"]).data.num_workers == expected
 
 
 def test_a_value_on_the_command_line_is_kept(monkeypatch, tmp_path):
-    monkeypatch.setattr(config, "available_cores", lambda: 2)
+    monkeypatch.setattr(resolvers, "available_cores", lambda: 2)
     cfg = compose_config(["data=camvid", f"data.root={tmp_path}", "data.num_workers=6"])
     assert cfg.data.num_workers == 6
 
@@ -63,7 +63,7 @@ def eval_config(**data) -> DictConfig:
 
 
 def test_eval_caps_the_workers_recorded_on_a_larger_machine(monkeypatch):
-    monkeypatch.setattr(config, "available_cores", lambda: 2)
+    monkeypatch.setattr(resolvers, "available_cores", lambda: 2)
     record = ModelRecord(
         {"name": "vit", "num_classes": 5},
         [str(k) for k in range(5)],
@@ -73,5 +73,5 @@ def test_eval_caps_the_workers_recorded_on_a_larger_machine(monkeypatch):
     )
     assert data_config(eval_config(), record)["num_workers"] == 2
     assert data_config(eval_config(num_workers=3), record)["num_workers"] == 3  # asked for: kept
-    monkeypatch.setattr(config, "available_cores", lambda: 16)
+    monkeypatch.setattr(resolvers, "available_cores", lambda: 16)
     assert data_config(eval_config(), record)["num_workers"] == 4

@@ -28,10 +28,10 @@ from rasterio.windows import Window
 
 from ..checkpoints.loading import save_exported
 from ..images import default_palette
-from ..inference.raster import BLOCK
-from ..inference.tiling import default_stride, slide_windows
 from ..models import build_model
+from ..raster_io import BLOCK
 from ..record import ModelRecord
+from ..tiling import default_stride, slide_windows
 from . import report
 
 LIMIT_BYTES = int(1.5 * (1 << 30))  # the bound on a 20k² raster's peak resident memory

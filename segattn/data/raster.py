@@ -27,8 +27,8 @@ from rasterio.errors import RasterioError
 from rasterio.windows import Window as RioWindow
 
 from ..images import Color, DataError, is_raster
-from ..inference.raster import RasterImage, check_pair, describe_window, raster_env
-from ..inference.tiling import Window
+from ..raster_io import RasterImage, check_pair, describe_window, raster_env
+from ..tiling import Window
 from .base import Sample, SegDatasetBase, Transform
 from .folder import FolderLayout
 from .labels import LabelMap

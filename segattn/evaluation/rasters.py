@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from ..data.raster import RasterLayout, read_labels
-from ..inference.raster import RasterImage, describe_window, raster_env
 from ..inference.raster_predict import raster_strips
-from ..inference.tiling import SlideSettings, slide_settings
 from ..inference.trained import TrainedModel
+from ..raster_io import RasterImage, describe_window, raster_env
+from ..tiling import SlideSettings, slide_settings
 from .average_precision import AveragePrecisionMetric, score_logits
 from .metrics import SegmentationMetric
 

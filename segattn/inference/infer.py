@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..images import as_hw
-from .tiling import MODES, Window, default_stride, scaled_size, slide_windows
+from ..tiling import MODES, Window, default_stride, scaled_size, slide_windows
 
 
 def _check_logits(logits: Tensor, images: Tensor, num_classes: int) -> Tensor:

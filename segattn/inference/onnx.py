@@ -1,6 +1,6 @@
 """Run an exported ``model.onnx`` with onnxruntime and numpy only: whole, slide and flip inference.
 
-This mirrors ``segattn.inference.infer`` (same window geometry from ``segattn.inference.tiling``) for machines
+This mirrors ``segattn.inference.infer`` (same window geometry from ``segattn.tiling``) for machines
 without torch. A fixed-shape export (a variant whose ``onnx_dynamic`` flag is False) can only see crops
 of its export size, so it always runs in slide mode with that crop, padding images smaller than it.
 """
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import FileFormatError, one_line
 from ..record import METADATA_KEY, ModelRecord
-from .tiling import default_stride, slide_windows
+from ..tiling import default_stride, slide_windows
 
 ONNX_FILE = "model.onnx"
 

@@ -23,9 +23,7 @@ import torch
 from torch import Tensor
 
 from ..files import atomic_write, fsync_replace
-from ..record import ModelRecord
-from .image_io import normalize, save_rgb
-from .raster import (
+from ..raster_io import (
     BLOCK,
     RasterImage,
     create_mask,
@@ -34,8 +32,10 @@ from .raster import (
     read_overview,
     write_rows,
 )
+from ..record import ModelRecord
+from ..tiling import SlideSettings, Window, slide_windows
+from .image_io import normalize, save_rgb
 from .strips import first_job, slide_strips
-from .tiling import SlideSettings, Window, slide_windows
 from .trained import TrainedModel
 
 OVERVIEW_SIDE = 1024

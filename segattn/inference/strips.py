@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from ..tiling import SlideSettings, Window, slide_windows
 from .infer import Job, slide_batches
-from .tiling import SlideSettings, Window, slide_windows
 
 ReadCrop = Callable[[Window], Tensor]  # (top, bottom, left, right) -> normalised float32 [3, h, w]
 Model = Callable[[Tensor], Tensor]  # [n, 3, h, w] -> logits [n, K, h, w]

@@ -16,9 +16,9 @@ from ..attention import AttentionBase, check_band_variant
 from ..data import SegDataModule
 from ..errors import ConfigError
 from ..images import as_hw
-from ..inference.tiling import scaled_size
 from ..models import Segmentor
 from ..parallel import image_bands
+from ..tiling import scaled_size
 from .spatial import check_band_loss
 
 

@@ -32,7 +32,7 @@ from ..checkpoints.resume import (
     resolve_ckpt_path,
     wandb_run_id,
 )
-from ..config import NothingToDo, check_config, plain
+from ..config import NothingToDo, plain
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..evaluation.average_precision import class_ids
@@ -43,6 +43,7 @@ from ..record import ModelRecord
 from ..runlog import commit as commit_log
 from .callbacks import WandbValidationPanel
 from .checkpointing import AtomicCheckpointIO, ResumableModelCheckpoint, check_monitors
+from .config_checks import check_config
 from .fsdp import FullyShardedStrategy
 from .guards import NonFiniteGuard
 from .losses import SegLoss

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from torch._utils import ExceptionWrapper
 
 from segattn import cli, config
+from segattn.config import checks
 from segattn.evaluation.command import data_config
 from segattn.export.command import FORMATS
 from segattn.images import DataError
@@ -199,7 +200,7 @@ def test_a_read_only_log_dir_is_one_line_before_hydra_writes(files, tmp_path, mo
     """As a user without write access sees a chmod 555 folder (root, which runs CI, writes anywhere)."""
     locked = tmp_path / "locked"
     locked.mkdir()
-    monkeypatch.setattr(config.os, "access", lambda path, mode: Path(path) != locked)
+    monkeypatch.setattr(checks.os, "access", lambda path, mode: Path(path) != locked)
     status = run_command("train.py", [f"paths.log_dir={locked}"], files["logs"], monkeypatch)
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(err) == 1, err

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from segattn.inference.infer import infer
-from segattn.inference.tiling import slide_windows, window_starts
+from segattn.tiling import slide_windows, window_starts
 
 
 class Recorder(nn.Module):

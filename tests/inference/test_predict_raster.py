@@ -17,11 +17,11 @@ from rasterio.crs import CRS
 from segattn.checkpoints.loading import save_exported
 from segattn.inference.image_io import normalize
 from segattn.inference.infer import infer
-from segattn.inference.raster import check_pair, raster_env
 from segattn.inference.raster_predict import outputs, predict_raster
-from segattn.inference.tiling import SlideSettings
 from segattn.inference.trained import open_model
 from segattn.predict import main, predict_rasters
+from segattn.raster_io import check_pair, raster_env
+from segattn.tiling import SlideSettings
 
 SIZE = (1500, 2300)  # non-square, not a multiple of the window, six strips of 256 rows
 SMALL_SIZE = (700, 1100)

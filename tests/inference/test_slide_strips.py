@@ -8,7 +8,7 @@ import torch
 
 from segattn.inference.infer import infer
 from segattn.inference.strips import slide_strips
-from segattn.inference.tiling import SlideSettings
+from segattn.tiling import SlideSettings
 
 SIZE = (301, 459)  # no window geometry below divides it
 

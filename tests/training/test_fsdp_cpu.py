@@ -13,8 +13,8 @@ import torch
 from lightning_fabric.plugins.environments.lightning import find_free_network_port
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
 
-from segattn.config import check_config
 from segattn.models import build_model
+from segattn.training.config_checks import check_config
 from segattn.training.fsdp import FullyShardedStrategy, shard_units
 from segattn.training.run import run
 

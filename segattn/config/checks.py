@@ -1,9 +1,10 @@
-"""Config plumbing for every command: where ``conf/`` is, the ``repo_root`` and ``workers`` resolvers, a
-config node as plain values (``plain``), and the checks a config must pass before anything starts: each
-command's schema (``SCHEMAS``: the type and range of every value a user sets, by full dotted key, and the
-settings that span keys), keys that were renamed (``RENAMED``), required keys and paths. Builders check their
-own arguments (model and attention options, dataset names); what is checked here fails before any run dir
-content, logger or trainer exists, with one line per bad key naming the key, the value and what was expected.
+"""The checks a config must pass before anything starts: each command's schema (``SCHEMAS``: the type and
+range of every value a user sets, by full dotted key, and the settings that span keys), keys that were
+renamed (``RENAMED``) or belong to another command (``MISPLACED``), required keys, paths and the kernel
+switch. Builders check their own arguments (model and attention options, dataset names); what is checked
+here fails before any run dir content, logger or trainer exists, with one line per bad key naming the key,
+the value and what was expected. train.py's checks of its trainer settings live with the training code
+(``segattn.training.config_checks``).
 
 The schemas are explicit tables rather than Hydra structured configs: a structured config checks types
 only, where these rules also say the range or the choices expected ("an integer >= 1", "one of whole,
@@ -22,9 +23,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
-from .images import as_hw
-from .inference.tiling import MODES, NO_WINDOW
+from ..errors import ConfigError
+from ..images import as_hw
+from ..tiling import MODES, NO_WINDOW
+from .resolvers import plain
 
 PRECISIONS = (
     "64-true",
@@ -38,49 +40,6 @@ PRECISIONS = (
     "16",
     "bf16",
 )
-
-
-def source_checkout() -> Path | None:
-    """The repository this package runs from (an editable install or a checkout), if any."""
-    root = Path(__file__).resolve().parents[1]
-    return root if (root / "pyproject.toml").is_file() and (root / "conf").is_dir() else None
-
-
-def config_dir() -> Path:
-    """``conf/``: the checkout's top-level folder, or the copy a non-editable install ships in the package."""
-    checkout = source_checkout()
-    return checkout / "conf" if checkout else Path(__file__).resolve().parent / "conf"
-
-
-def repo_root() -> str:
-    """``paths.root_dir``: the checkout, so its ``data/`` and ``outputs/`` are used from any working
-    directory; for an installed package (no checkout), the working directory."""
-    checkout = source_checkout()
-    return str(checkout) if checkout else os.getcwd()
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a job's or container's share of the machine),
-    as torch's DataLoader counts them when it warns about too many workers."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity (macOS, Windows)
-        return os.cpu_count() or 1
-
-
-def workers(at_most: int) -> int:
-    """``${workers:N}``, the data configs' default ``num_workers``: N loader processes, but never more than
-    the cores available (4 on a 2-core machine would be 2 processes per core, which torch warns about)."""
-    return min(int(at_most), available_cores())
-
-
-def register_resolvers() -> None:
-    """Make ``${repo_root:}`` and ``${workers:N}`` available to configs; call before Hydra composes
-    (idempotent)."""
-    if not OmegaConf.has_resolver("repo_root"):
-        OmegaConf.register_new_resolver("repo_root", repo_root)
-    if not OmegaConf.has_resolver("workers"):
-        OmegaConf.register_new_resolver("workers", workers)
 
 
 def is_int(value: Any) -> bool:
@@ -208,7 +167,7 @@ def slide_has_window(cfg: DictConfig) -> str | None:
 
 def stride_within_window(cfg: DictConfig) -> str | None:
     """In slide mode, ``inference.stride`` no larger than ``inference.crop`` on either side: a wider step
-    would skip pixels (``inference.tiling`` refuses it, at the first image: after a whole epoch in train)."""
+    would skip pixels (``segattn.tiling`` refuses it, at the first image: after a whole epoch in train)."""
     if OmegaConf.select(cfg, "inference.mode") != "slide":
         return None
     crop, stride = (
@@ -295,12 +254,6 @@ def shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def plain(node: Any) -> Any:
-    """A config node as plain Python containers, interpolations resolved (``???`` left as is); any other
-    value as it is. How a command hands a config group to the builders, which never see the config tree."""
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
 def check_renamed(command: str, overrides: Sequence[str]) -> None:
     """A key ``command`` no longer reads, typed on its command line (``validation.crop_size=...``), is a
     ConfigError naming the key and the one that replaced it; so is a key of another command
@@ -346,7 +299,7 @@ def check_kernel() -> None:
     TRITON_INTERPRET=1, is a ConfigError before anything is built or written. Unset, torch is not imported."""
     if not (os.environ.get("SEGATTN_KERNEL") or os.environ.get("SEGATTN_FUSED")):
         return
-    from .layers.fused_switch import kernel_backend
+    from ..layers.fused_switch import kernel_backend
 
     try:
         kernel_backend()
@@ -389,7 +342,7 @@ def check_run_name(run_name: Any) -> None:
 def check_data_root(data: DictConfig | dict[str, Any]) -> None:
     """A dataset read from disk needs ``data.root`` to be a folder. Unknown names are left to the
     dataset registry, whose error lists the valid ones; the synthetic dataset has no files."""
-    from .data.registry import available_datasets  # the data stack is heavy; only train and eval need it
+    from ..data.registry import available_datasets  # the data stack is heavy; only train and eval need it
 
     name, root = data.get("name"), data.get("root")
     if name == "synthetic" or name not in available_datasets():
@@ -400,71 +353,4 @@ def check_data_root(data: DictConfig | dict[str, Any]) -> None:
         )
         raise FileNotFoundError(
             f"data.root={root}: {what}; expected the folder holding dataset {name!r} (see data/README.md)"
-        )
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Fail before training on bad values, a missing dataset folder and settings that contradict each
-    other, naming the keys."""
-    check_values(cfg, "train")
-    check_data_root(cfg.data)
-    if cfg.get("ckpt_path") and cfg.get("init_from"):
-        raise ValueError(
-            f"ckpt_path={cfg.ckpt_path} resumes a run and init_from={cfg.init_from} starts a new one "
-            "from weights; set only one"
-        )
-    check_fsdp(cfg)
-    check_accelerator(cfg)
-
-
-# The CPU form of each multi-process trainer config that needs GPUs (conf/trainer/<name>.yaml).
-CPU_FORMS = {"spatial": "spatial_cpu", "fsdp": "fsdp_cpu", "ddp": "ddp_cpu"}
-
-
-def check_accelerator(cfg: DictConfig) -> None:
-    """``trainer.accelerator=gpu`` (or cuda) on a machine without a CUDA GPU: one line naming the CPU form
-    of the trainer config, where Lightning ends in "No supported gpu backend found!"."""
-    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-    if accelerator not in ("gpu", "cuda"):
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    strategy = OmegaConf.select(cfg, "trainer.strategy")
-    name = strategy.get("name") if OmegaConf.is_dict(strategy) else strategy
-    hint = (
-        f"trainer={CPU_FORMS[name]} is the CPU form of trainer={name}"
-        if name in CPU_FORMS
-        else "use trainer.accelerator=cpu (or auto)"
-    )
-    raise ValueError(f"trainer.accelerator={accelerator}: no CUDA GPU is available on this machine; {hint}")
-
-
-# Precisions Lightning's ModelParallelStrategy (under trainer.strategy.name=fsdp) accepts.
-FSDP_PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "bf16-true", "16-true")
-
-
-def check_fsdp(cfg: DictConfig) -> None:
-    """``trainer.strategy.name=fsdp``: a precision the sharded strategy supports (16-mixed needs a
-    gradient scaler it does not have), and no ``model.compile`` (compiling per-block-sharded models has
-    not been run here). Lightning's own ``trainer.strategy=fsdp`` string is refused for ``trainer=fsdp``."""
-    strategy = OmegaConf.select(cfg, "trainer.strategy")
-    if isinstance(strategy, str) and strategy.startswith("fsdp"):
-        raise ValueError(
-            f"trainer.strategy={strategy}: Lightning's FSDP1 strategy shards the model as one unit and needs "
-            "GPUs; expected trainer=fsdp (FSDP2 per block, GPUs) or trainer=fsdp_cpu (2 CPU processes)"
-        )
-    if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "fsdp"):
-        return
-    precision = str(cfg.trainer.get("precision"))
-    if precision not in FSDP_PRECISIONS:
-        raise ValueError(
-            f"trainer.precision={precision} with trainer.strategy.name=fsdp; expected one of "
-            f"{', '.join(FSDP_PRECISIONS)} (bf16-mixed on GPUs)"
-        )
-    if OmegaConf.select(cfg, "model.compile"):
-        raise ValueError(
-            "model.compile=true with trainer.strategy.name=fsdp: compiling a model sharded per block has "
-            "not been tested; set model.compile=false, or train with trainer=ddp to compile"
         )

@@ -1,4 +1,5 @@
-"""Sliding-window geometry shared by the PyTorch and the numpy (onnxruntime) inference paths.
+"""Sliding-window geometry shared by the PyTorch and the numpy (onnxruntime) inference paths, the raster
+datasets' windows and the config checks of ``inference.*``: below data/ and inference/, which both use it.
 
 Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without importing torch.
 """
@@ -9,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..images import as_hw
+from .images import as_hw
 
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
 Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open

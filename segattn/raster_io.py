@@ -4,6 +4,9 @@ rasterio (GDAL underneath) reads any window of a tiled, compressed GeoTIFF or Bi
 the tiles it touches, writes tiled compressed GeoTIFFs block by block, and carries the CRS and the
 affine transform that remote-sensing users expect to find again on the mask. Every error names the
 file and, for reads, the window (rows top:bottom, columns left:right).
+
+Below data/ (training windows of GeoTIFF pairs, ``data.raster``) and inference/ (streaming predict,
+``inference.raster_predict``), which both read rasters here; without torch, as predict with an ONNX model.
 """
 
 from __future__ import annotations
