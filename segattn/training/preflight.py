@@ -1,5 +1,6 @@
 """Checks a run passes before it creates a logger, a trainer or any output: the data splits exist (every
-file is read and checked with ``data.validate=true``), and the model accepts the sizes it will see.
+file is read and checked with ``data.validate=true``), the model accepts the sizes it will see, and on a
+GPU one training step at the largest of them fits (``memory_fit``).
 
 Unknown model / attention / dataset names and a ``data.num_classes`` that disagrees with the dataset are
 refused earlier, by the builders themselves.
@@ -8,6 +9,7 @@ refused earlier, by the builders themselves.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_info
@@ -19,7 +21,11 @@ from ..images import as_hw
 from ..models import Segmentor
 from ..parallel import image_bands
 from ..tiling import scaled_size
+from .memory_fit import check_memory_fits
 from .spatial import check_band_loss
+
+if TYPE_CHECKING:
+    from .module import SegmentationModule
 
 
 def attention_grid(model: Segmentor, size: Sequence[int]) -> tuple[int, int]:
@@ -80,16 +86,17 @@ def train_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[i
     return {f"data.crop_size=null on {paths[0]}": size for size, paths in sizes.items()}
 
 
-def preflight(cfg: DictConfig, datamodule: SegDataModule, model: Segmentor) -> None:
+def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationModule) -> None:
     """Fail before training: missing or empty splits, bad files (``data.validate``), sizes the model
-    cannot take, whole-image batches of mixed sizes. Errors name the file or config key and what was
-    expected."""
+    cannot take, whole-image batches of mixed sizes, a training step larger than the GPU. Errors name the
+    file or config key and what was expected."""
     datamodule.setup("fit")
-    sizes = train_sizes(cfg, datamodule)
-    sizes.update(eval_sizes(cfg, datamodule))
+    training = train_sizes(cfg, datamodule)
+    sizes = {**training, **eval_sizes(cfg, datamodule)}
     for where, size in sizes.items():
-        check_token_limit(model, size, where)
-    check_bands(cfg, model, sizes)
+        check_token_limit(module.model, size, where)
+    check_bands(cfg, module.model, sizes)
+    check_memory_fits(cfg, module, training)
 
 
 def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, int]]) -> None:

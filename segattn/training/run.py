@@ -226,7 +226,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 f"(or trainer.max_steps) to train on, or score it with eval.py checkpoint={resume_from}"
             )
         rank_zero_info(f"ckpt_path={cfg.ckpt_path}: resuming from {resume_from}")
-    preflight(cfg, datamodule, module.model)  # bad files / sizes fail before any logger or output
+    preflight(cfg, datamodule, module)  # bad files / sizes fail before any logger or output
     commit_log()  # every check passed: train.log is written from here on (segattn.runlog)
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)
