@@ -1,4 +1,5 @@
-"""The arms of an accuracy table, read from its experiment file instead of written in Python.
+"""The arms of an accuracy table, read from its experiment file instead of written in Python, and each
+arm as the Hydra overrides of its training run.
 
 An experiment under conf/experiment/ may end with a ``table`` section: ``seeds`` and ``arms``, each arm a
 label and the Hydra overrides that make it (conf/experiment/idrid_resolution_cpu.yaml). ``bench accuracy
@@ -7,12 +8,13 @@ label and the Hydra overrides that make it (conf/experiment/idrid_resolution_cpu
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from ..attention import available_attention
+from ..attention import attention_class, attention_options, available_attention
 from .specs import Spec
 
 
@@ -67,3 +69,38 @@ def experiment_table(experiment: str, overrides: list[str]) -> Table | None:
             )
         arms.append(Spec(str(name), options, str(label)))
     return Table(arms, [int(seed) for seed in table.seeds])
+
+
+CONFIG_GROUPS = ("model", "data", "loss", "optimizer", "scheduler", "trainer", "inference", "metrics")
+
+
+def is_run_override(key: str) -> bool:
+    """Whether a spec option is a plain Hydra override of the run (``data.downsample``, ``model``) rather
+    than an option of the attention or the model."""
+    return "." in key or key in CONFIG_GROUPS
+
+
+def run_overrides(variant: Spec) -> list[str]:
+    """The spec's plain Hydra overrides: ``data.downsample=4``, ``model=efficientvit``."""
+    return [
+        f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+        for key, value in variant.options.items()
+        if is_run_override(key)
+    ]
+
+
+def spec_overrides(variant: Spec) -> list[str]:
+    """``attention=<name>`` plus each option as an attention or a model override (``sr_ratios`` is PVT's),
+    or as itself where it names a config key or group (``run_overrides``)."""
+    accepted = set(attention_options(variant.name))
+    overrides = [f"attention={variant.name}", *run_overrides(variant)]
+    for key, value in variant.options.items():
+        if is_run_override(key):
+            continue
+        key = f"++attention.options.{key}" if key in accepted else f"model.{key}"
+        overrides.append(f"{key}={json.dumps(value)}")
+    if not attention_class(variant.name).onnx_dynamic:
+        # Tied to a token count: evaluate by sliding the training crop over the image, its trained size, at
+        # the default stride for that window (a preset's stride may be wider than it)
+        overrides += ["inference.mode=slide", "inference.crop=${data.crop_size}", "inference.stride=null"]
+    return overrides

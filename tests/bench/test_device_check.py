@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from segattn.bench.accuracy import spec_overrides
-from segattn.bench.arms import experiment_table
+from segattn.bench.arms import experiment_table, spec_overrides
 from segattn.cli import compose_command
 
 REPO = Path(__file__).resolve().parents[2]
