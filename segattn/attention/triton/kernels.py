@@ -22,12 +22,13 @@ results. Head dims are padded to the power of two ``D`` (at least 16, what ``tl.
 Grids over blocks of tokens put them on axis 0 (CUDA's other axes stop at 65,535 programs: 4M tokens in
 blocks of 64), and offsets into q, k, v and the results are 64-bit (a tensor may pass 2³¹ elements).
 
-Feature maps (``KIND``): IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax
-over the head's channels, SOFTMAX_N softmax over the tokens (column statistics from the pre-pass), FOCUS
-FLatten's f_p (its backward leaves ∂f to ``focus_backward_kernel``, which needs all heads of a token),
-POLARITY PolaFormer's [φ(x), φ(−x)] with φ(x) = relu(x)^p (p per channel), POLARITY_SWAPPED [φ(−x), φ(x)]:
-2·d_in features from d_in input channels (the kernels' ``d`` is the feature width, the input's column of
-feature c is c mod d_in); their backward leaves ∂φ to the caller, which folds the two halves onto x.
+Feature maps (``KIND``; the device functions that compute them and load blocks are ``feature_maps``):
+IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax over the head's
+channels, SOFTMAX_N softmax over the tokens (column statistics from the pre-pass), FOCUS FLatten's f_p
+(its backward leaves ∂f to ``focus_backward_kernel``, which needs all heads of a token), POLARITY
+PolaFormer's [φ(x), φ(−x)] with φ(x) = relu(x)^p (p per channel), POLARITY_SWAPPED [φ(−x), φ(x)]: 2·d_in
+features from d_in input channels (the kernels' ``d`` is the feature width, the input's column of feature
+c is c mod d_in); their backward leaves ∂φ to the caller, which folds the two halves onto x.
 
 TRITON_INTERPRET=1 runs the kernels on the CPU. Triton reads it whenever ``triton.jit`` wraps a function,
 its own library's when triton is first imported (torch._dynamo imports it), so it must be set when the
@@ -42,6 +43,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .feature_maps import feature_map, feature_map_backward, load_block, load_input, load_map_stats
+
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
     raise RuntimeError(
@@ -52,111 +55,6 @@ if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
 IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS, POLARITY, POLARITY_SWAPPED = range(9)
 # Integers that follow the token count: not specialised (N = 1, N % 16 = 0), so a new N reuses the binary
 SPLIT_SIZES = ("N", "blocks_per_split", "num_blocks")
-
-
-@triton.jit
-def feature_map(x, rows_ok, cols_ok, KIND: tl.constexpr, scale, eps, power, row_a, row_b, col_a, col_b):
-    """φ(x) of a [BLOCK_N, D] fp32 block, 0 outside the valid rows and channels; ``row_*`` ([BLOCK_N]) and
-    ``col_*`` ([D]) carry the statistics of SOFTMAX_N (col_a max, col_b 1/Σexp), FOCUS (row_a max u,
-    row_b ‖u‖/‖(u/max u)^p‖, col_a 1/softplus(scale)) and POLARITY (col_a the power p; x arrives with the
-    sign of its half applied, ``load_input``)."""
-    if KIND == 0:
-        phi = x * scale
-    elif KIND == 1:
-        phi = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-    elif KIND == 2:
-        phi = tl.maximum(x, 0.0)
-    elif KIND == 3:
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        phi = x / tl.maximum(norm, eps)[:, None]
-    elif KIND == 4:
-        shifted = tl.where(cols_ok[None, :], x, float("-inf"))
-        e = tl.exp(shifted - tl.max(shifted, axis=1)[:, None])
-        phi = e / tl.sum(e, axis=1)[:, None]
-    elif KIND == 5:
-        phi = tl.exp(tl.minimum(x - col_a[None, :], 0.0)) * col_b[None, :]
-    elif KIND == 6:
-        u = (tl.maximum(x, 0.0) + 1e-6) * col_a[None, :]
-        phi = tl.exp2(power * tl.log2(u / row_a[:, None])) * row_b[:, None]
-    else:
-        phi = tl.where(x > 0, tl.exp2(col_a[None, :] * tl.log2(tl.where(x > 0, x, 1.0))), 0.0)
-    return tl.where(rows_ok[:, None] & cols_ok[None, :], phi, 0.0)
-
-
-@triton.jit
-def feature_map_backward(x, phi, grad, cols_ok, KIND: tl.constexpr, scale, eps, col_c):
-    """∂L/∂x from ∂L/∂φ (``grad``) for every KIND but FOCUS and POLARITY (which return ``grad``); ``col_c`` is
-    SOFTMAX_N's Σ_n φ·∂φ per channel."""
-    if KIND == 0:
-        out = grad * scale
-    elif KIND == 1:
-        out = grad * tl.minimum(phi, 1.0)  # φ'(x) = exp(min(x, 0)) = min(φ, 1)
-    elif KIND == 2:
-        out = tl.where(x > 0, grad, 0.0)
-    elif KIND == 3:
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        along = tl.where(norm > eps, tl.sum(phi * grad, axis=1), 0.0)
-        out = (grad - phi * along[:, None]) / tl.maximum(norm, eps)[:, None]
-    elif KIND == 4:
-        out = phi * (grad - tl.sum(phi * grad, axis=1)[:, None])
-    elif KIND == 5:
-        out = phi * (grad - col_c[None, :])
-    else:
-        out = grad
-    return tl.where(cols_ok[None, :], out, 0.0)
-
-
-@triton.jit
-def load_block(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c):
-    """A [BLOCK_N, D] block of a strided [N, d] matrix as fp32 (0 where masked)."""
-    offsets = rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_c
-    return tl.load(ptr + offsets, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def input_columns(cols, d, KIND: tl.constexpr):
-    """The input column each feature column reads: itself, or for POLARITY c mod d_in (d = 2·d_in)."""
-    if KIND >= 7:
-        return tl.where(cols < d // 2, cols, cols - d // 2)
-    return cols
-
-
-@triton.jit
-def load_input(ptr, rows, rows_ok, cols, cols_ok, stride_n, stride_c, d, KIND: tl.constexpr):
-    """The [BLOCK_N, D] block ``feature_map`` maps: the strided [N, d] matrix's columns, or for POLARITY its
-    d_in columns twice, negated in the half that holds φ(−x) (the second; the first for SWAPPED)."""
-    x = load_block(ptr, rows, rows_ok, input_columns(cols, d, KIND), cols_ok, stride_n, stride_c)
-    if KIND == 7:
-        x = tl.where(cols[None, :] < d // 2, x, -x)
-    if KIND == 8:
-        x = tl.where(cols[None, :] < d // 2, -x, x)
-    return x
-
-
-@triton.jit
-def load_map_stats(
-    row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND: tl.constexpr
-):
-    """The statistics ``feature_map`` takes (zeros for the maps without): per token (row_ptr [B, N, 2],
-    FOCUS) and per channel (col_ptr at bh·col_bh + h·col_h, rows ``col_row`` apart; SOFTMAX_N, FOCUS, and
-    POLARITY's power per input channel)."""
-    row_a = tl.zeros(rows.shape, dtype=tl.float32)
-    row_b = tl.zeros(rows.shape, dtype=tl.float32)
-    col_a = tl.zeros(cols.shape, dtype=tl.float32)
-    col_b = tl.zeros(cols.shape, dtype=tl.float32)
-    col_c = tl.zeros(cols.shape, dtype=tl.float32)
-    base = col_ptr + bh * col_bh + h * col_h + input_columns(cols, d, KIND)
-    if KIND == 5:
-        col_a = tl.load(base, mask=cols_ok, other=0.0)
-        col_b = tl.load(base + col_row, mask=cols_ok, other=0.0)
-        col_c = tl.load(base + 2 * col_row, mask=cols_ok, other=0.0)
-    if KIND == 6:
-        row_a = tl.load(row_ptr + (b * N + rows) * 2, mask=rows_ok, other=1.0)
-        row_b = tl.load(row_ptr + (b * N + rows) * 2 + 1, mask=rows_ok, other=0.0)
-        col_a = tl.load(base, mask=cols_ok, other=0.0)
-    if KIND >= 7:
-        col_a = tl.load(base, mask=cols_ok, other=1.0)
-    return row_a, row_b, col_a, col_b, col_c
 
 
 @triton.jit(do_not_specialize=SPLIT_SIZES)
