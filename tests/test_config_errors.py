@@ -4,7 +4,6 @@ import pytest
 from train_overrides import compose_config
 
 from segattn.training.config_checks import check_config
-from segattn.training.run import CALLBACKS, build_from_registry, build_strategy
 
 
 def test_resume_and_init_from_together_are_refused(tmp_path):
@@ -23,14 +22,6 @@ def test_resume_and_init_from_together_are_refused(tmp_path):
 def test_inference_mode_is_checked(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         check_config(compose_config([*overrides, f"paths.output_dir={tmp_path}"]))
-
-
-def test_unknown_callback_logger_or_strategy_lists_the_valid_names():
-    with pytest.raises(ValueError, match=r"callbacks\.checkpointing: .*model_checkpoint"):
-        build_from_registry("callbacks", CALLBACKS, {"checkpointing": {}})
-    with pytest.raises(ValueError, match="expected one of ddp, fsdp"):
-        build_strategy({"name": "deepspeed"})
-    assert build_from_registry("callbacks", CALLBACKS, {"early_stopping": None}) == []
 
 
 def test_compile_with_a_torch_without_custom_operators_is_one_line(monkeypatch):

@@ -6,8 +6,9 @@ Since Lightning 2.5, ``save_last=True`` writes last.ckpt only when a top-k check
 same step: with ``monitor=val/mIoU, save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies
 would resume ten epochs back.
 
-A callback's ``monitor`` is checked against the metrics the run logs (``check_monitors``) before anything
-is built: Lightning finds a misspelt one only at the end of the first epoch, and saves nothing.
+A checkpoint or early-stopping callback's ``monitor`` is checked against the metrics the run logs
+(``check_monitor``) before anything is built: Lightning finds a misspelt one only at the end of the first
+epoch, and saves nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from ..checkpoints.atomic import atomic_save
@@ -29,17 +30,18 @@ from ..evaluation.metrics import SUMMARY_KEYS
 MONITORED = (*(f"val/{name}" for name in (*SUMMARY_KEYS, "mAP")), "train/loss", "train/lr")
 
 
-def check_monitors(callbacks: Mapping[str, Any]) -> None:
-    """``callbacks.model_checkpoint.monitor`` and ``callbacks.early_stopping.monitor`` name a metric the run
-    logs (``MONITORED``); a ConfigError naming the key otherwise."""
-    for name in ("model_checkpoint", "early_stopping"):
-        options = callbacks.get(name) or {}
-        monitor = options.get("monitor")
-        if monitor is not None and monitor not in MONITORED:
-            raise ConfigError(
-                f"callbacks.{name}.monitor={monitor}: the run does not log this metric; expected one of "
-                f"{', '.join(MONITORED)}"
-            )
+def check_monitor(key: str, callback: type, options: Mapping[str, Any]) -> None:
+    """The ``monitor`` of config entry ``key`` (``callbacks.model_checkpoint``), when its class is a
+    ModelCheckpoint or an EarlyStopping, names a metric the run logs (``MONITORED``); a ConfigError naming
+    the key otherwise."""
+    monitor = options.get("monitor")
+    if not issubclass(callback, (ModelCheckpoint, EarlyStopping)) or monitor is None:
+        return
+    if monitor not in MONITORED:
+        raise ConfigError(
+            f"{key}.monitor={monitor}: the run does not log this metric; expected one of "
+            f"{', '.join(MONITORED)}"
+        )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -67,6 +67,8 @@ class FullyShardedStrategy(ModelParallelStrategy):
     ranks; clipping by value acts on each element and is unaffected by sharding.
     """
 
+    strategy_name = "fsdp"  # trainer.strategy.name, which the config checks read
+
     def __init__(self, **kwargs: Any) -> None:
         if kwargs.pop("save_distributed_checkpoint", False):
             raise ValueError(

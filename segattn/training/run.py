@@ -15,13 +15,8 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig
-from pytorch_lightning.callbacks import (
-    EarlyStopping,
-    RichModelSummary,
-    RichProgressBar,
-)
-from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
-from pytorch_lightning.strategies import DDPStrategy, Strategy
+from pytorch_lightning.callbacks import ProgressBar
+from pytorch_lightning.loggers import Logger, WandbLogger
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 from ..checkpoints.compat import check_resumable, describe_init_differences
@@ -41,62 +36,15 @@ from ..images import DataError
 from ..models import build_model
 from ..record import ModelRecord
 from ..runlog import commit as commit_log
-from .callbacks import WandbValidationPanel
-from .checkpointing import AtomicCheckpointIO, ResumableModelCheckpoint, check_monitors
+from .checkpointing import AtomicCheckpointIO
+from .components import build, build_group, build_strategy, check_components, entries, target_class
 from .config_checks import check_config
-from .fsdp import FullyShardedStrategy
-from .guards import NonFiniteGuard
 from .losses import SegLoss
 from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
-from .preemption import PreemptionCheckpoint
 from .preflight import preflight
-from .progress_log import ProgressLog
 from .rundir import claim_run_dir, environment, save_environment, save_run_config
-from .spatial import BandParallelStrategy
 from .summary import print_summary, summarize
-
-CALLBACKS: dict[str, type[pl.Callback]] = {
-    "model_checkpoint": ResumableModelCheckpoint,  # last.ckpt after every epoch, also without improvement
-    "early_stopping": EarlyStopping,
-    "rich_progress_bar": RichProgressBar,
-    "rich_model_summary": RichModelSummary,
-    "wandb_panel": WandbValidationPanel,
-    "nonfinite_guard": NonFiniteGuard,
-    "progress_log": ProgressLog,  # a line per log_every_n_steps and per validation (stdout, train.log)
-    "preemption": PreemptionCheckpoint,  # SIGTERM / SIGUSR1: step-exact last.ckpt, exit 128 + signal
-}
-LOGGERS: dict[str, type[Logger]] = {"wandb": WandbLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger}
-STRATEGIES: dict[str, type[Strategy]] = {
-    "ddp": DDPStrategy,
-    "fsdp": FullyShardedStrategy,
-    "spatial": BandParallelStrategy,  # one image split into bands across a group of processes
-}
-
-
-def build_from_registry(
-    kind: str, registry: dict[str, type], specs: dict[str, Any] | None, **extra: Any
-) -> list:
-    """One object per ``name: kwargs`` entry (``null`` entries skipped); unknown names list the valid ones."""
-    objects = []
-    for name, kwargs in (specs or {}).items():
-        if kwargs is None:
-            continue
-        if name not in registry:
-            raise ValueError(f"{kind}.{name}: unknown name; expected one of {', '.join(sorted(registry))}")
-        objects.append(registry[name](**kwargs, **extra.get(name, {})))
-    return objects
-
-
-def build_strategy(spec: str | dict[str, Any]) -> str | Strategy:
-    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``) or ``{name: ddp|fsdp|spatial, ...}``."""
-    if isinstance(spec, str):
-        return spec
-    options = dict(spec)
-    name = options.pop("name", None)
-    if name not in STRATEGIES:
-        raise ValueError(f"trainer.strategy.name={name!r}; expected one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](**options)
 
 
 def build_module(cfg: DictConfig, datamodule: SegDataModule) -> SegmentationModule:
@@ -174,12 +122,15 @@ def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
 
 def build_loggers(cfg: DictConfig, resumed: dict[str, Any] | None) -> list[Logger]:
     """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint."""
-    extra: dict[str, dict[str, Any]] = {}
     run_id = wandb_run_id(resumed) if resumed is not None else None
-    if run_id:
-        extra["wandb"] = {"id": run_id, "resume": "allow"}
-        rank_zero_info(f"W&B: continuing run {run_id} from the resumed checkpoint")
-    return build_from_registry("loggers", LOGGERS, plain(cfg.logger), **extra)
+    loggers = []
+    for key, spec in entries("logger", plain(cfg.logger)):
+        extra: dict[str, Any] = {}
+        if run_id and issubclass(target_class(key, spec, Logger), WandbLogger):
+            extra = {"id": run_id, "resume": "allow"}
+            rank_zero_info(f"W&B: continuing run {run_id} from the resumed checkpoint")
+        loggers.append(build(key, spec, Logger, **extra))
+    return loggers
 
 
 def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
@@ -187,11 +138,10 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
     fill the log file: the ``progress_log`` lines say the same."""
     kwargs = plain(cfg.trainer)
     kwargs["strategy"] = build_strategy(kwargs.get("strategy", "auto"))
-    specs = plain(cfg.callbacks)
+    callbacks = build_group("callbacks", plain(cfg.callbacks), pl.Callback)
     if not sys.stdout.isatty():
-        specs.pop("rich_progress_bar", None)
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
         kwargs.setdefault("enable_progress_bar", False)
-    callbacks = build_from_registry("callbacks", CALLBACKS, specs)
     plugins = [AtomicCheckpointIO()]  # checkpoints are written to a temp file, fsync'ed, then renamed
     return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks, plugins=plugins)
 
@@ -200,7 +150,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary.
     The run directory is held by this run alone while it trains (``rundir.run_dir_lock``)."""
     check_config(cfg)
-    check_monitors(plain(cfg.get("callbacks")) or {})
+    check_components(cfg)  # every _target_ imports, before the run dir is claimed
     run_dir = Path(cfg.paths.output_dir)
     with claim_run_dir(run_dir):
         return fit(cfg, run_dir)

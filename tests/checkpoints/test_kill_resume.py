@@ -50,7 +50,12 @@ def test_kill_9_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     logs.mkdir()
     straight_logs.mkdir()
     marker = tmp_path / "parked"
-    park = ["+callbacks.park_at.epoch=1", "+callbacks.park_at.batch=0", f"+callbacks.park_at.marker={marker}"]
+    park = [
+        "+callbacks.park_at._target_=fault_callbacks.ParkAt",
+        "+callbacks.park_at.epoch=1",
+        "+callbacks.park_at.batch=0",
+        f"+callbacks.park_at.marker={marker}",
+    ]
     victim = subprocess.Popen(
         train_command(logs, *RUN, *park, run="killed"),
         cwd=tmp_path,

@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
-from segattn.training.run import CALLBACKS, run
+from segattn.training.run import run
 
 pytestmark = pytest.mark.slow
 
@@ -42,10 +42,13 @@ def load(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
 
 
-def test_interrupted_then_resumed_equals_straight(train_config, tmp_path, monkeypatch):
-    monkeypatch.setitem(CALLBACKS, "stop_after", StopAfterEpochs)
+def test_interrupted_then_resumed_equals_straight(train_config, tmp_path):
+    stop_after_1 = [
+        f"+callbacks.stop_after._target_={__name__}.StopAfterEpochs",
+        "+callbacks.stop_after.epochs=1",
+    ]
     run(train_config(*RUN, "logger=none", run="straight"))
-    first = run(train_config(*RUN, "+callbacks.stop_after.epochs=1", run="first"))
+    first = run(train_config(*RUN, *stop_after_1, run="first"))
     assert first["epochs"] == 1
     resumed = run(train_config(*RUN, "ckpt_path=last", run="resumed"))
     assert resumed["epochs"] == 2

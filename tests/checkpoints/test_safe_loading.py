@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hydra.utils import instantiate
 from reliability_fixtures import BASE, VIT, compose_run
 
 from segattn import open_model
@@ -47,12 +48,14 @@ def no_shell(monkeypatch):
     return calls
 
 
-def checkpoint(tmp_path: Path, model_config: dict, data: dict | None = None) -> Path:
-    """A train.py-style checkpoint (a tiny ViT's weights) whose saved model config is ``model_config``."""
+def checkpoint(tmp_path: Path, model_config: dict, data: dict | None = None, **section: object) -> Path:
+    """A train.py-style checkpoint (a tiny ViT's weights) whose saved model config is ``model_config``, with
+    ``section``'s further entries (``wandb_run_id``, ``inference``) beside it."""
     model = build_model("vit", num_classes=3, attention="linear", **TINY_VIT)
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     path = tmp_path / "model.ckpt"
-    torch.save({"state_dict": state, "segattn": {"model": model_config, "data": data or {}}}, path)
+    segattn = {"model": model_config, "data": data or {}, **section}
+    torch.save({"state_dict": state, "segattn": segattn}, path)
     return path
 
 
@@ -108,6 +111,41 @@ def test_config_callable_outside_the_model_entry_is_refused(tmp_path, no_shell):
     with pytest.raises(ValueError, match=r"segattn\.data\.classes\._target_ is refused"):
         open_model(path)
     assert no_shell == []
+
+
+# Instantiated, it creates the file "pwned" (Hydra blocks os.system and its kind, not this).
+PAYLOAD = {"_target_": "logging.FileHandler", "_args_": ["pwned"]}
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"wandb_run_id": PAYLOAD}, "segattn.wandb_run_id._target_"),
+        ({"inference": {"mode": "whole", **PAYLOAD}}, "segattn.inference._target_"),
+        ({"data": {"config": {"name": PAYLOAD}}}, "segattn.data.config.name._target_"),
+    ],
+    ids=["W&B run id", "inference", "data config"],
+)
+def test_resuming_a_checkpoint_that_stores_a_target_is_refused_before_anything_is_built(
+    tmp_path, monkeypatch, section, key
+):
+    """Resuming takes the W&B run id its logger continues from the checkpoint, beside the recorded data and
+    inference config: none is ever instantiated, and a Hydra key in any of them refuses the file in one line
+    naming it and the key, before a logger, a trainer or the run's config exists."""
+    config = {"name": "vit", "num_classes": 5, "attention": "linear", "attention_options": {}, **TINY_VIT}
+    monkeypatch.chdir(tmp_path)  # where the payload would write its file
+    path = checkpoint(tmp_path, config, **section)
+    monkeypatch.setattr(train, "build_loggers", pytest.fail)
+    cfg = compose_run(tmp_path, *BASE, *VIT, f"ckpt_path={path}", "logger=wandb")
+    with pytest.raises(ValueError) as error:
+        train.run(cfg)
+    message = str(error.value)
+    assert message.startswith(f"ckpt_path={path}: {key} is refused: saved configs name models by registry")
+    assert "\n" not in message
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "run" / ".hydra").exists()
+
+    instantiate(PAYLOAD).close()  # the payload is real
+    assert (tmp_path / "pwned").exists()
 
 
 def test_a_clean_checkpoint_rebuilds_from_registry_names(tmp_path):

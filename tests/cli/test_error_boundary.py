@@ -82,10 +82,26 @@ REFUSED = [  # command, arguments, the line after "<command>: ", status; checked
         "val/mIoU, val/mAcc",
         EXIT_FAILED,
     ),
+    (
+        "train.py",
+        ["+callbacks.foo._target_=nosuch.Class"],
+        "callbacks.foo._target_=nosuch.Class: cannot import it (No module named 'nosuch'); expected the "
+        "import path (package.module.Class) of a Lightning Callback subclass",
+        EXIT_FAILED,
+    ),
+    (
+        "train.py",
+        ["logger=csv", "logger.csv._target_=segattn.training.guards.NonFiniteGuard"],
+        "logger.csv._target_=segattn.training.guards.NonFiniteGuard: NonFiniteGuard is not a Logger",
+        EXIT_FAILED,
+    ),
 ]
 
 
-IDS = ["train checkpoint=", "eval ckpt_path=", "predict model=", "train stride", "predict stride", "monitor"]
+IDS = [
+    *("train checkpoint=", "eval ckpt_path=", "predict model=", "train stride", "predict stride", "monitor"),
+    *("callback _target_", "logger _target_"),
+]
 
 
 @pytest.mark.parametrize(("command", "argv", "expected", "status"), REFUSED, ids=IDS)

@@ -36,7 +36,7 @@ def test_a_refused_run_leaves_no_directory_and_no_log(tmp_path, overrides, expec
     result = run_train(tmp_path, *command, f"paths.log_dir={logs}", run_dir)
     assert result.returncode == 1, result.stderr[-2000:]
     err = result.stderr.strip().splitlines()
-    assert err[-1].startswith(f"train_with_faults.py: {expected.format(text=text)}"), err[-3:]
+    assert err[-1].startswith(f"train.py: {expected.format(text=text)}"), err[-3:]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]  # not even logs/
 
 

@@ -1,6 +1,6 @@
 """Helpers shared by the fault and crash tests (training, checkpoints, data, cli): the real conf/ composed
-into tiny runs, and train.py started as a subprocess (through train_with_faults.py, which adds test-only
-fault callbacks)."""
+into tiny runs, and train.py started as a subprocess, able to load the test-only fault callbacks
+(``fault_callbacks``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 from train_overrides import TINY_MODEL, compose_config
 
-FAULTS_SCRIPT = Path(__file__).with_name("train_with_faults.py")
+HELPERS = Path(__file__).resolve().parent
+TRAIN_SCRIPT = HELPERS.parents[1] / "train.py"
 
 # CPU, quiet, no sanity validation; tiny models below and 32x32 synthetic images: steps take milliseconds.
 RUN = [
@@ -45,10 +46,10 @@ def compose_run(tmp_path: Path, *overrides: str, run: str = "run") -> DictConfig
 
 
 def train_command(tmp_path: Path, *overrides: str, run: str = "run") -> list[str]:
-    """``python train_with_faults.py`` (= train.py + test fault callbacks) writing to tmp_path/run."""
+    """``python train.py`` writing to tmp_path/run."""
     return [
         sys.executable,
-        str(FAULTS_SCRIPT),
+        str(TRAIN_SCRIPT),
         f"paths.log_dir={tmp_path}",
         f"hydra.run.dir={tmp_path / run}",
         *overrides,
@@ -56,11 +57,13 @@ def train_command(tmp_path: Path, *overrides: str, run: str = "run") -> list[str
 
 
 def train_env() -> dict[str, str]:
-    """A training job's environment: offline W&B with its own wandb-core service. WANDB_SERVICE is dropped:
-    an earlier in-process W&B test exports it, and a child inheriting it would share pytest's service,
-    where a SIGKILLed run's id stays registered and its resume is refused as "run ID is in use"."""
+    """A training job's environment: offline W&B with its own wandb-core service, and this folder on the
+    PYTHONPATH, for ``+callbacks.<name>._target_=fault_callbacks.<Class>``. WANDB_SERVICE is dropped: an
+    earlier in-process W&B test exports it, and a child inheriting it would share pytest's service, where a
+    SIGKILLed run's id stays registered and its resume is refused as "run ID is in use"."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
-    return env | {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"}
+    path = os.pathsep.join(part for part in (str(HELPERS), env.get("PYTHONPATH")) if part)
+    return env | {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
 def run_train(

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 
 import segattn
-from segattn.training.run import CALLBACKS, run
+from segattn.training.run import run
 
 
 class KeepModule(pl.Callback):
@@ -38,7 +38,6 @@ def fresh_dynamo():
 
 @pytest.mark.slow
 def test_compiled_training_writes_eager_checkpoints(train_config, tmp_path, monkeypatch, fresh_dynamo):
-    monkeypatch.setitem(CALLBACKS, "keep_module", KeepModule)
     monkeypatch.setattr(KeepModule, "modules", [])
     cfg = train_config(
         *QUIET,
@@ -50,7 +49,7 @@ def test_compiled_training_writes_eager_checkpoints(train_config, tmp_path, monk
         "model.compile=true",
         "trainer.max_epochs=1",
         "trainer.num_sanity_val_steps=0",
-        "+callbacks.keep_module={}",
+        f"+callbacks.keep_module._target_={__name__}.KeepModule",
     )
     summary = run(cfg)
     assert summary["steps"] == 2  # 8 images, batch 4

@@ -36,8 +36,10 @@ def test_nan_then_crash_on_one_rank(tmp_path):
     record = tmp_path / "poisoned.txt"
     command = train_command(
         tmp_path, *TINY, "trainer=ddp_cpu", "trainer.max_epochs=4", "logger=csv",
+        "+callbacks.poison_batch._target_=fault_callbacks.PoisonBatch",
         "+callbacks.poison_batch.rank=1", "+callbacks.poison_batch.step=0",
         f"+callbacks.poison_batch.record={record}",
+        "+callbacks.raise_at_step._target_=fault_callbacks.RaiseAtStep",
         "+callbacks.raise_at_step.rank=1", "+callbacks.raise_at_step.step=2",
     )  # fmt: skip
     process = subprocess.Popen(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+from typing import ClassVar
 
 import pytest
 import pytorch_lightning as pl
@@ -13,16 +14,20 @@ import torch
 from reliability_fixtures import BASE, UNET, VIT, compose_run
 
 from segattn.training.guards import NonFiniteError
-from segattn.training.run import CALLBACKS, run
+from segattn.training.run import run
 
 
 class Poison(pl.Callback):
     """At the listed global steps, make the first image of the batch NaN (``image``) or one gradient
-    element Inf after backward (``grad``); records the files of each poisoned batch."""
+    element Inf after backward (``grad``); records the files of each poisoned batch. Each instance is kept in
+    ``made``, where the test finds the one its run used."""
+
+    made: ClassVar[list[Poison]] = []
 
     def __init__(self, steps: list[int], what: str = "image") -> None:
         self.steps, self.what = steps, what
         self.files: dict[int, list[str]] = {}
+        self.made.append(self)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step in self.steps:
@@ -35,16 +40,14 @@ class Poison(pl.Callback):
             next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = math.inf
 
 
+POISON = f"+callbacks.poison._target_={__name__}.Poison"  # with +callbacks.poison.steps=[...]
+
+
 @pytest.fixture
 def poison(monkeypatch):
-    """``poison(steps, what)`` → the Poison callback instance the next run will use."""
-    made = []
-
-    def factory(**kwargs):
-        made.append(Poison(**kwargs))
-        return made[-1]
-
-    monkeypatch.setitem(CALLBACKS, "poison", factory)
+    """The Poison callback instances the test's runs make (``+callbacks.poison``, ``POISON``)."""
+    made: list[Poison] = []
+    monkeypatch.setattr(Poison, "made", made)
     return made
 
 
@@ -56,7 +59,7 @@ def final_checkpoint(tmp_path):
 def test_one_bad_step_is_skipped_and_training_continues(tmp_path, poison, model, what):
     cfg = compose_run(
         tmp_path, *BASE, *model, "trainer.max_epochs=2", "logger=csv", "trainer.log_every_n_steps=1",
-        "+callbacks.poison.steps=[1]", f"+callbacks.poison.what={what}",
+        POISON, "+callbacks.poison.steps=[1]", f"+callbacks.poison.what={what}",
     )  # fmt: skip
     kind = "loss" if what == "image" else "gradients"
     with pytest.warns(
@@ -93,7 +96,8 @@ def test_persistent_nans_stop_with_step_files_and_last_good_checkpoint(
     tmp_path, poison, steps, limits, stopped_by
 ):
     cfg = compose_run(
-        tmp_path, *BASE, *VIT, "trainer.max_epochs=3", "logger=none", f"+callbacks.poison.steps={steps}",
+        tmp_path, *BASE, *VIT, "trainer.max_epochs=3", "logger=none", POISON,
+        f"+callbacks.poison.steps={steps}",
         f"callbacks.nonfinite_guard.max_consecutive={limits[0]}",
         f"callbacks.nonfinite_guard.max_total={limits[1]}",
     )  # fmt: skip

@@ -37,8 +37,9 @@ RUN = [
     "ckpt_path=auto",
     "trainer.log_every_n_steps=2",
 ]
-SIGTERM_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGTERM"]
-SIGINT_AT_STEP_5 = ["+callbacks.signal_at.step=5", "+callbacks.signal_at.name=SIGINT"]  # Ctrl-C
+SIGNAL_AT_STEP_5 = ["+callbacks.signal_at._target_=fault_callbacks.SignalAt", "+callbacks.signal_at.step=5"]
+SIGTERM_AT_STEP_5 = [*SIGNAL_AT_STEP_5, "+callbacks.signal_at.name=SIGTERM"]
+SIGINT_AT_STEP_5 = [*SIGNAL_AT_STEP_5, "+callbacks.signal_at.name=SIGINT"]  # Ctrl-C
 
 
 def load(path):

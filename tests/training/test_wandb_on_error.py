@@ -7,7 +7,7 @@ import wandb
 from train_overrides import QUIET, TINY_DATA, TINY_MODEL
 from wandb_records import wait_for_record
 
-from segattn.training.run import CALLBACKS, run
+from segattn.training.run import run
 
 pytestmark = pytest.mark.slow
 
@@ -21,9 +21,9 @@ class FailAtStep(pl.Callback):
             raise RuntimeError(f"planted failure at step {trainer.global_step}")
 
 
-def test_failed_run_finishes_its_wandb_run(train_config, tmp_path, monkeypatch):
-    monkeypatch.setitem(CALLBACKS, "fail_at", FailAtStep)
-    cfg = train_config(*QUIET, *TINY_DATA, *TINY_MODEL["vit"], "+callbacks.fail_at.step=1", run="failed")
+def test_failed_run_finishes_its_wandb_run(train_config, tmp_path):
+    fail_at = [f"+callbacks.fail_at._target_={__name__}.FailAtStep", "+callbacks.fail_at.step=1"]
+    cfg = train_config(*QUIET, *TINY_DATA, *TINY_MODEL["vit"], *fail_at, run="failed")
     with pytest.raises(RuntimeError, match="planted failure at step 1"):
         run(cfg)
     assert wandb.run is None

@@ -1,21 +1,16 @@
-"""``python train.py`` with test-only fault callbacks added to the callbacks registry, so subprocess tests
-can plant faults through config overrides (``+callbacks.raise_at_step.rank=1``). Production code has no
-test hooks: this script extends ``segattn.training.run.CALLBACKS`` and then runs train.py as ``__main__``; DDP
-child processes re-run this script, so they get the same callbacks."""
+"""Test-only fault callbacks that subprocess tests plant into train.py runs through config overrides, as any
+callback joins a run: ``+callbacks.raise_at_step._target_=fault_callbacks.RaiseAtStep
++callbacks.raise_at_step.rank=1``. ``reliability_fixtures.train_env`` puts this folder on the job's
+PYTHONPATH, so train.py and the DDP processes Lightning launches from it import them."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import time
 from pathlib import Path
 
 import pytorch_lightning as pl
-
-from segattn.training.run import CALLBACKS
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class RaiseAtStep(pl.Callback):
@@ -67,14 +62,3 @@ class SignalAt(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), self.signum)
-
-
-CALLBACKS.update(
-    {"raise_at_step": RaiseAtStep, "poison_batch": PoisonBatch, "park_at": ParkAt, "signal_at": SignalAt}
-)
-
-if __name__ == "__main__":
-    # Executing train.py under the name __main__ runs its Hydra main; unlike runpy, sys.argv[0] stays this
-    # script, which is what Lightning re-launches for the DDP child processes.
-    spec = importlib.util.spec_from_file_location("__main__", REPO / "train.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -1,0 +1,149 @@
+"""A run's callbacks, loggers and trainer strategy, built from the config entries that name their classes by
+Hydra ``_target_``: conf/callbacks/<name>.yaml, conf/logger/<name>.yaml and the ``strategy`` of
+conf/trainer/<name>.yaml. Adding one is a YAML file; nothing here lists them.
+
+``check_components`` imports every ``_target_`` and checks its kind before the run creates anything, so a
+misspelt class is one line naming its key, not a traceback after the run directory, the loggers and the
+W&B run exist. Only the composed config (conf/ and the command line) is instantiated: what a checkpoint or
+an exported model stores is read back as plain values, and a ``_target_`` there is refused
+(``record.check_plain_config``); the values a resumed run takes from its checkpoint (the W&B run id) are
+passed to the built class as plain arguments, never through Hydra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import Logger
+from pytorch_lightning.strategies import Strategy
+
+from ..config import config_dir, plain
+from ..errors import ConfigError
+from .checkpointing import check_monitor
+
+STRATEGY = "trainer.strategy"
+
+
+def import_target(target: str) -> Any:
+    """What the dotted path ``target`` names (``package.module.Class``), found as Hydra finds a ``_target_``:
+    the first part imported, each further part an attribute or else a submodule. Raises ImportError."""
+    parts = target.split(".")
+    found = importlib.import_module(parts[0])
+    for index, part in enumerate(parts[1:], start=1):
+        if hasattr(found, part):
+            found = getattr(found, part)
+            continue
+        module = ".".join(parts[: index + 1])
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # the submodule exists but an import inside it failed
+                raise
+            raise ImportError(f"module {'.'.join(parts[:index])} has no {part!r}") from None
+    return found
+
+
+def target_class(key: str, spec: Mapping[str, Any], base: type) -> type:
+    """The class that entry ``key``'s ``_target_`` names: a ConfigError naming ``<key>._target_`` when there
+    is none, it does not import, or it is not a subclass of ``base``."""
+    expected = f"expected the import path (package.module.Class) of a Lightning {base.__name__} subclass"
+    target = spec.get("_target_")
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{key} has no _target_: {expected}{selection_hint(key)}")
+    try:
+        found = import_target(target)
+    except ImportError as error:
+        raise ConfigError(f"{key}._target_={target}: cannot import it ({error}); {expected}") from None
+    if not (isinstance(found, type) and issubclass(found, base)):
+        what = found.__name__ if isinstance(found, type) else f"a {type(found).__name__}"
+        raise ConfigError(f"{key}._target_={target}: {what} is not a {base.__name__}; {expected}")
+    return found
+
+
+def selection_hint(key: str) -> str:
+    """For ``+callbacks.early_stopping.patience=5`` without a ``_target_``: how to select the group's file of
+    that name (conf/callbacks/early_stopping.yaml) instead, where there is one."""
+    group, _, name = key.partition(".")
+    if not (config_dir() / group / f"{name}.yaml").is_file():
+        return ""
+    chosen = HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+    selection = f"{group}=[{chosen},{name}]" if isinstance(chosen, str) else f"{group}=[...,{name}]"
+    return f"; conf/{group}/{name}.yaml has one: select it beside the others, {selection}"
+
+
+def entries(group: str, specs: Mapping[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """``(<group>.<name>, spec)`` for each entry of a group (``callbacks``, ``logger``) that is not null; an
+    entry that is not a mapping is a ConfigError naming it."""
+    found = []
+    for name, spec in (specs or {}).items():
+        key = f"{group}.{name}"
+        if spec is None:
+            continue
+        if not isinstance(spec, Mapping):
+            raise ConfigError(
+                f"{key}={spec!r}: expected a mapping with the _target_ to build and its arguments, or null "
+                "to drop it"
+            )
+        found.append((key, dict(spec)))
+    return found
+
+
+def build(key: str, spec: Mapping[str, Any], base: type, **extra: Any) -> Any:
+    """The object entry ``key`` describes: its ``_target_`` class (checked by ``target_class``) called with
+    the entry's arguments as plain values (nested ``_target_`` entries instantiated by Hydra) and ``extra``
+    as given. An error the class itself raises (a ConfigError naming its key) comes out unwrapped."""
+    target_class(key, spec, base)
+    factory = instantiate({"_convert_": "all", **spec}, _partial_=True)
+    return factory(**extra)
+
+
+def build_group(group: str, specs: Mapping[str, Any] | None, base: type) -> list[Any]:
+    """One object per non-null entry of ``group``, in the order of the config."""
+    return [build(key, spec, base) for key, spec in entries(group, specs)]
+
+
+def strategy_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``trainer.strategy``'s arguments: all but ``name``, the label the config checks read
+    (``trainer.strategy.name=fsdp``), which is not the strategy's."""
+    return {key: value for key, value in spec.items() if key != "name"}
+
+
+def build_strategy(spec: str | Mapping[str, Any]) -> str | Strategy:
+    """``trainer.strategy``: a Lightning name (``auto``, ``ddp``), or a mapping with the ``_target_`` of a
+    Strategy class, its arguments and ``name``."""
+    if isinstance(spec, str):
+        return spec
+    return build(STRATEGY, strategy_options(spec), Strategy)
+
+
+def check_strategy(spec: Any) -> None:
+    """A mapping ``trainer.strategy`` names a Strategy class, and its ``name`` is the one that class declares
+    (``strategy_name``): the config checks read the name, so a name that another class answers to would
+    check one strategy and train with another."""
+    if not isinstance(spec, Mapping):
+        return
+    strategy = target_class(STRATEGY, strategy_options(spec), Strategy)
+    name, declared = spec.get("name"), getattr(strategy, "strategy_name", None)
+    if name is not None and declared is not None and name != declared:
+        raise ConfigError(
+            f"{STRATEGY}.name={name} but {STRATEGY}._target_={spec['_target_']} is the {declared!r} "
+            f"strategy; expected {STRATEGY}.name={declared}, or the trainer config of the strategy meant "
+            "(trainer=<name>)"
+        )
+
+
+def check_components(cfg: DictConfig) -> None:
+    """Every callback, logger and the trainer's strategy names a class of its kind that imports, and the
+    ``monitor`` of a checkpoint or early-stopping callback is a metric the run logs: before the run creates
+    anything."""
+    for key, spec in entries("callbacks", plain(cfg.get("callbacks"))):
+        check_monitor(key, target_class(key, spec, pl.Callback), spec)
+    for key, spec in entries("logger", plain(cfg.get("logger"))):
+        target_class(key, spec, Logger)
+    check_strategy(plain(OmegaConf.select(cfg, STRATEGY)))

@@ -1,0 +1,176 @@
+"""Callbacks, loggers and the trainer's strategy are built from their config entries' Hydra ``_target_``: a
+callback or a logger defined outside segattn joins a run through one YAML file; a ``_target_`` that does not
+import, or names a class of another kind, is refused in one line naming the key, before the run creates
+anything."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ProgressBar
+from pytorch_lightning.loggers import Logger
+from reliability_fixtures import BASE, VIT, compose_run
+
+from segattn.config import plain
+from segattn.errors import ConfigError
+from segattn.training import run as train
+from segattn.training.components import build_group, build_strategy
+from segattn.training.spatial import BandParallelStrategy
+
+
+def target(cls: type) -> str:
+    """The ``_target_`` of a class defined here."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class CountSteps(pl.Callback):
+    """Records the global step after every training batch, and its constructor's argument."""
+
+    runs: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, label: str) -> None:
+        self.record: dict[str, Any] = {"label": label, "steps": []}
+        self.runs.append(self.record)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.record["steps"].append(trainer.global_step)
+
+
+class KeepMetrics(Logger):
+    """Keeps every metric it is given."""
+
+    logged: ClassVar[list[dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "keep"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append(dict(metrics))
+
+
+@pytest.fixture
+def records(monkeypatch):
+    monkeypatch.setattr(CountSteps, "runs", [])
+    monkeypatch.setattr(KeepMetrics, "logged", [])
+
+
+def test_a_callback_and_a_logger_join_a_run_by_one_yaml_file_each(tmp_path, records):
+    conf = tmp_path / "conf"
+    (conf / "callbacks").mkdir(parents=True)
+    (conf / "logger").mkdir()
+    (conf / "callbacks" / "count_steps.yaml").write_text(
+        f"count_steps:\n  _target_: {target(CountSteps)}\n  label: from yaml\n"
+    )
+    (conf / "logger" / "keep.yaml").write_text(f"keep:\n  _target_: {target(KeepMetrics)}\n")
+    cfg = compose_run(
+        tmp_path, *BASE, *VIT, f"hydra.searchpath=[file://{conf}]", "callbacks=[default,count_steps]",
+        "logger=[csv,keep]", "trainer.max_epochs=1", "trainer.log_every_n_steps=1",
+    )  # fmt: skip
+    summary = train.run(cfg)
+    assert summary["steps"] == 2  # 8 images, batch 4
+    assert CountSteps.runs == [{"label": "from yaml", "steps": [1, 2]}]
+    assert any("val/mIoU" in metrics for metrics in KeepMetrics.logged)
+    assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()  # beside the group's own file
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()  # and the default callbacks
+
+
+def test_a_callback_added_on_the_command_line(tmp_path, records):
+    cfg = compose_run(
+        tmp_path, *BASE, *VIT, f"+callbacks.count._target_={target(CountSteps)}",
+        "+callbacks.count.label=cli", "logger=none", "debug=fdr",
+    )  # fmt: skip
+    train.run(cfg)
+    assert CountSteps.runs == [{"label": "cli", "steps": [1]}]
+
+
+NOT_A = "expected the import path (package.module.Class) of a Lightning"
+PL = "pytorch_lightning"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["+callbacks.foo._target_=nosuch.Class"],
+            "callbacks.foo._target_=nosuch.Class: cannot import it (No module named 'nosuch'); "
+            f"{NOT_A} Callback",
+        ),
+        (
+            [f"callbacks.model_checkpoint._target_={PL}.callbacks.NoSuchCheckpoint"],
+            f"callbacks.model_checkpoint._target_={PL}.callbacks.NoSuchCheckpoint: cannot import it "
+            f"(module {PL}.callbacks has no 'NoSuchCheckpoint')",
+        ),
+        (
+            [f"+callbacks.foo._target_={PL}.loggers.CSVLogger"],
+            f"callbacks.foo._target_={PL}.loggers.CSVLogger: CSVLogger is not a Callback; {NOT_A}",
+        ),
+        (["+callbacks.foo._target_=os.system"], "callbacks.foo._target_=os.system: a builtin_function"),
+        (
+            [f"logger.wandb._target_={PL}.callbacks.RichProgressBar"],
+            f"logger.wandb._target_={PL}.callbacks.RichProgressBar: RichProgressBar is not a Logger; "
+            f"{NOT_A} Logger",
+        ),
+        (
+            ["trainer=spatial_cpu", "trainer.strategy._target_=segattn.training.guards.NonFiniteGuard"],
+            "trainer.strategy._target_=segattn.training.guards.NonFiniteGuard: NonFiniteGuard is not a "
+            "Strategy",
+        ),
+        (
+            ["trainer=spatial_cpu", "trainer.strategy.name=fsdp"],
+            "trainer.strategy.name=fsdp but trainer.strategy._target_="
+            "segattn.training.spatial.BandParallelStrategy is the 'spatial' strategy; expected "
+            "trainer.strategy.name=spatial",
+        ),
+        (  # the name of a file of the group, without selecting the file
+            ["+callbacks.early_stopping.patience=3"],
+            "callbacks.early_stopping has no _target_: expected the import path (package.module.Class) of a "
+            "Lightning Callback subclass; conf/callbacks/early_stopping.yaml has one: select it beside the "
+            "others, callbacks=[default,early_stopping]",
+        ),
+        (["callbacks.progress_log=true"], "callbacks.progress_log=True: expected a mapping with the"),
+        (  # the monitor of any checkpoint or early-stopping callback, whatever its name
+            ["callbacks=[default,early_stopping]", "callbacks.early_stopping.monitor=val/miou"],
+            "callbacks.early_stopping.monitor=val/miou: the run does not log this metric",
+        ),
+    ],
+)
+def test_a_bad_target_is_one_line_before_the_run_creates_anything(tmp_path, monkeypatch, overrides, expected):
+    monkeypatch.setattr(train, "build_loggers", pytest.fail)  # no W&B run, no trainer, no checkpoint
+    monkeypatch.setattr(train, "fit", pytest.fail)  # not even the data or the model
+    cfg = compose_run(tmp_path, *BASE, *VIT, "logger=wandb", *overrides)
+    with pytest.raises(ConfigError) as error:
+        train.run(cfg)
+    assert str(error.value).startswith(expected)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_error_of_the_class_itself_comes_out_as_it_raised_it(tmp_path):
+    cfg = compose_run(tmp_path, *BASE, "callbacks.preemption.signals=[SIGNOPE]")
+    with pytest.raises(ValueError, match=r"^callbacks\.preemption\.signals=\['SIGNOPE'\]: expected"):
+        build_group("callbacks", plain(cfg.callbacks), pl.Callback)
+
+
+def test_strategy_arguments_reach_it_and_its_name_does_not(tmp_path):
+    cfg = compose_run(tmp_path, *BASE, "trainer=spatial_cpu", "trainer.strategy.bands=3")
+    strategy = build_strategy(plain(cfg.trainer.strategy))
+    assert isinstance(strategy, BandParallelStrategy) and strategy.bands == 3
+    assert build_strategy("ddp") == "ddp"  # a Lightning name stays Lightning's
+
+
+def test_without_a_terminal_no_progress_bar_is_built(tmp_path):
+    cfg = compose_run(tmp_path, *BASE, "trainer=cpu", "logger=none")  # pytest's stdout is no terminal
+    trainer = train.build_trainer(cfg, [])
+    assert not [callback for callback in trainer.callbacks if isinstance(callback, ProgressBar)]
+    built = {type(callback).__name__ for callback in trainer.callbacks}
+    assert built >= {"ResumableModelCheckpoint", "ProgressLog", "NonFiniteGuard", "PreemptionCheckpoint"}
