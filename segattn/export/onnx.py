@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from ..attention import attention_class
 from ..files import replacing
 from ..inference.onnx import ONNX_FILE
+from ..inference.trained import open_model
 from ..record import METADATA_KEY, ModelRecord
-from .verify import ExportError, check_sizes, compare, latency, trace_size
+from .verify import ExportError, check_sizes, compare, latency, run_opened, trace_size
 from .wrapper import ExportWrapper
 
 
@@ -86,9 +87,9 @@ def torch_onnx_export(
 def onnx_attempt(
     wrapper: nn.Module, record: ModelRecord, path: Path, opset: int, exporter: str, shapes: list, atol: float
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """Export with one exporter, embed the metadata, check in onnxruntime; (ORT runner, check results)."""
+    """Export with one exporter, embed the metadata, check the file as predict opens it (``open_model``:
+    onnxruntime); (its runner, check results)."""
     import onnx
-    import onnxruntime as ort
 
     dynamic = attention_class(record.attention).onnx_dynamic
     label = f"onnx[{record.attention}, {exporter} exporter]"
@@ -102,17 +103,14 @@ def onnx_attempt(
             key=METADATA_KEY, value=record.to_onnx_metadata(dynamic=dynamic, exporter=exporter)
         )
         onnx.save(proto, str(temp))
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # shape errors surface as exceptions; keep ORT's own log quiet
-    options.intra_op_num_threads = torch.get_num_threads()  # latency compares like with like
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    input_shape = session.get_inputs()[0].shape
-    if dynamic and any(isinstance(dim, int) for dim in (input_shape[0], *input_shape[2:])):
-        raise ExportError(f"{label}: graph input {input_shape}; expected symbolic batch, height, width")
-
-    def run_ort(images: Tensor) -> Any:
-        return session.run(None, {"images": images.numpy()})[0]
-
+    # Opened as eval and predict open it, with torch's thread count: the latency compares like with like.
+    opened = open_model(path, threads=torch.get_num_threads())
+    fixed = opened.session.fixed_size if opened.session is not None else None
+    if dynamic and fixed is not None:  # the batch: checked at 1 and 2
+        raise ExportError(
+            f"{label}: graph input fixed at {fixed[0]}x{fixed[1]}; expected symbolic height, width"
+        )
+    run_ort = run_opened(opened)
     return run_ort, compare(wrapper, run_ort, shapes, atol, label)
 
 

@@ -1,15 +1,19 @@
 """Proof that an export reproduces PyTorch: the sizes it is checked and traced at, the max abs difference
-on random inputs of each, and a CPU latency comparison."""
+on random inputs of each, and a CPU latency comparison. A file ``open_model`` reads (ONNX, safetensors) is
+checked as eval and predict run it, through ``TrainedModel.run``."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..errors import SegattnError
+from ..inference.trained import INFERENCE_DEFAULTS, TrainedModel
 
 
 class ExportError(SegattnError, RuntimeError):
@@ -30,6 +34,13 @@ def trace_size(height: int, width: int) -> tuple[int, int]:
     position embedding and needs no padding, and that trace would fail at any other size.
     """
     return height * 3 // 4 + 1, width * 5 // 4 - 1
+
+
+def run_opened(model: TrainedModel) -> Callable[[Tensor], np.ndarray]:
+    """``images -> logits`` of an export opened by ``open_model``, as eval and predict run it
+    (``TrainedModel.run``), in one whole-image pass: the settings its record holds for validation (slide,
+    flip) are left out, since the check compares the network with PyTorch's, not the inference around it."""
+    return lambda images: model.run(images.numpy(), **INFERENCE_DEFAULTS)
 
 
 def compare(

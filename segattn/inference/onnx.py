@@ -30,6 +30,7 @@ class OnnxSegmentor:
             raise FileNotFoundError(f"{self.path}: no such ONNX model (python -m segattn.export format=onnx)")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        options.log_severity_level = 4  # fatal only: its errors surface as exceptions, said in one line
         again = "export it again with python -m segattn.export format=onnx"
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
