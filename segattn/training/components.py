@@ -56,6 +56,8 @@ def target_class(key: str, spec: Mapping[str, Any], base: type) -> type:
     target = spec.get("_target_")
     if not isinstance(target, str) or not target:
         raise ConfigError(f"{key} has no _target_: {expected}{selection_hint(key)}")
+    if not all(part.isidentifier() for part in target.split(".")):
+        raise ConfigError(f"{key}._target_={target!r} is not a dotted import path; {expected}")
     try:
         found = import_target(target)
     except ImportError as error:

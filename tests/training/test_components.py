@@ -115,6 +115,7 @@ PL = "pytorch_lightning"
             f"callbacks.foo._target_={PL}.loggers.CSVLogger: CSVLogger is not a Callback; {NOT_A}",
         ),
         (["+callbacks.foo._target_=os.system"], "callbacks.foo._target_=os.system: a builtin_function"),
+        (["+callbacks.foo._target_=.Relative"], "callbacks.foo._target_='.Relative' is not a dotted import"),
         (
             [f"logger.wandb._target_={PL}.callbacks.RichProgressBar"],
             f"logger.wandb._target_={PL}.callbacks.RichProgressBar: RichProgressBar is not a Logger; "
