@@ -22,6 +22,7 @@ import torch
 
 from ..attention import available_attention
 from ..cpu_memory import reuse_freed_memory
+from ..errors import ConfigError
 from . import report
 from .arguments import parse_args
 from .measure import total_memory_budget
@@ -91,6 +92,7 @@ def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> Non
         compile=args.compile,
         kernels=values.get("kernels") or ["auto"],
         profile=not values.get("no_profile"),
+        cuda_graphs=bool(values.get("cuda_graphs")),
         profile_tokens=parse_count(values["profile_tokens"]) if values.get("profile_tokens") else None,
     )
     run(settings, device, out_dir)
@@ -186,6 +188,8 @@ def check_before_writing(args: argparse.Namespace, device: torch.device) -> None
     from ..config import check_kernel, check_values
 
     check_kernel()
+    if getattr(args, "cuda_graphs", False) and device.type != "cuda":
+        raise ConfigError(f"--cuda-graphs: CUDA graphs need a CUDA device; this run is on {device}")
     if args.part == "accuracy":
         from ..cli import compose_command
 

@@ -113,6 +113,12 @@ def add_op_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--no-profile", action="store_true", help="skip the host/device profile of one call")
     group.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also each eager variant captured into a CUDA graph and replayed, labelled <variant>+graphs "
+        "(CUDA only): the pair shows the host's share of a call",
+    )
+    group.add_argument(
         "--profile-tokens", type=flags.count, help="profile at this size (default: the largest each ran at)"
     )
     group.add_argument(

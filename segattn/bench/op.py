@@ -42,6 +42,7 @@ import torch
 from ..attention import AttentionBase, attention_class, build_attention
 from ..cpu_memory import return_freed_memory
 from .floors import MatmulFloor, copy_bandwidth, floor_passes, moved_bytes
+from .graphs import GRAPHS, graphed
 from .measure import Emit, PeakMemory, autocast_for, fill_peaks, interleaved_medians
 from .profile import print_profile, profile_ops
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
@@ -86,6 +87,7 @@ class OpSettings:
     kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values to time side by side
     profile: bool = True  # one call per variant under torch.profiler: host and device time
     profile_tokens: int | None = None  # None: the largest size each variant ran at
+    cuda_graphs: bool = False  # also each eager variant replayed from a CUDA graph (``bench.graphs``)
 
 
 def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
@@ -97,7 +99,8 @@ def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
         kernels = settings.kernels if has_triton else ["auto"]
         several = len(kernels) > 1
         out += [(f"{spec.label}@{kernel}" if several else spec.label, spec, kernel) for kernel in kernels]
-    return out
+    graphs = [(label + GRAPHS, spec, kernel) for label, spec, kernel in out if not spec.compiled]
+    return out + graphs if settings.cuda_graphs else out
 
 
 def build_variant(
@@ -219,9 +222,8 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                     if reason:
                         rows.append({"variant": label, **base, "status": "skipped", "note": reason})
                     else:
-                        cases[label] = OpCase(
-                            module, tokens, dtype, mode, settings.batch, device, kernels[label]
-                        )
+                        case = OpCase(module, tokens, dtype, mode, settings.batch, device, kernels[label])
+                        cases[label] = graphed(label, case)
                 if not cases:
                     continue
                 progress(f"op {dtype} {mode} {format_count(tokens)} tokens: {', '.join(cases)}")
@@ -310,6 +312,8 @@ def memory_child(task: dict[str, Any], emit: Emit) -> None:
 def measure_memory(rows: list[dict[str, Any]], settings: OpSettings, device: torch.device) -> None:
     """Fill ``peak_bytes`` of the timed rows, one fresh child per (variant, dtype, mode)."""
     for label, spec, kernel in labelled_variants(settings):
+        if label.endswith(GRAPHS):  # a replay allocates nothing: the eager row's peak is its inputs' and more
+            continue
         for dtype in settings.dtypes:
             for mode in settings.modes:
                 mine = [

@@ -72,6 +72,7 @@ def print_profile(rows: list[dict[str, Any]]) -> None:
 def profile_ops(rows: list[dict[str, Any]], settings: Any, device: torch.device) -> list[dict[str, Any]]:
     """One profiled call per (variant, dtype, mode) of ``bench op``'s timed ``rows``, at
     ``settings.profile_tokens`` or else the largest size the variant ran at, on its own kernel path."""
+    from .graphs import graphed
     from .op import OpCase, build_variant, labelled_variants
 
     out = []
@@ -91,7 +92,7 @@ def profile_ops(rows: list[dict[str, Any]], settings: Any, device: torch.device)
                 try:
                     module = build_variant(spec, settings.dim, settings.heads, device, kernel)
                     case = OpCase(module, tokens, dtype, mode, settings.batch, device, kernel)
-                    row |= profile_call(case, device, warmup=max(2, settings.warmup))
+                    row |= profile_call(graphed(label, case), device, warmup=max(2, settings.warmup))
                 except RuntimeError as error:
                     row["note"] = f"error: {str(error)[:120]}"
                 out.append(row)

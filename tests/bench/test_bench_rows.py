@@ -17,13 +17,16 @@ import pytest
 import torch
 
 from segattn.bench.__main__ import main
+from segattn.bench.graphs import GraphedCase, graphed
 from segattn.bench.measure import MIN_REPEATS, interleaved_medians
+from segattn.bench.op import OpSettings, build_variant, labelled_variants
 from segattn.bench.specs import (
     format_image_size,
     kernel_path,
     parse_image_size,
     parse_spec,
     size_label,
+    with_compiled,
     with_kernels,
 )
 from segattn.layers import KERNEL_ENV
@@ -64,6 +67,46 @@ def test_kernel_paths_label_the_variants_that_have_a_triton_path():
         ("sra", "auto"),  # no Triton path: one row, as the environment says
     ]
     assert [s.label for s in with_kernels(specs, ["torch"])] == ["linear", "sra"]
+
+
+def test_cuda_graphs_add_a_replayed_row_per_eager_variant():
+    specs = [parse_spec("linear"), parse_spec("sra"), with_compiled([parse_spec("linear")], True)[1]]
+    settings = OpSettings(variants=specs, sizes=[1024], kernels=["torch", "triton"], cuda_graphs=True)
+    labels = [label for label, _, _ in labelled_variants(settings)]
+    eager = ["linear@torch", "linear@triton", "sra", "linear+compile"]
+    assert labels == [*eager, *(label + "+graphs" for label in eager[:3])]  # compiled: no graphs twin
+    assert graphed("linear", print) is print and isinstance(graphed("sra+graphs", print), GraphedCase)
+
+
+def test_cuda_graphs_without_cuda_is_one_line(tmp_path, capsys):
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as ended:
+        main(["op", "--smoke", "--device", "cpu", "--cuda-graphs", "--out", str(out)])
+    assert ended.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        "python -m segattn.bench op: --cuda-graphs: CUDA graphs need a CUDA device; this run is on cpu"
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_a_replayed_graph_computes_what_the_eager_call_does(kernel):
+    module = build_variant(parse_spec("linear"), 64, 2, torch.device("cuda"), kernel)
+    q, k, v = torch.randn(3, 2, 4096, 64, device="cuda").unbind(0)
+    out = torch.empty(2, 4096, 64, device="cuda")
+
+    def call():
+        with torch.no_grad():
+            out.copy_(module.mix_tokens(q, k, v, (64, 64)))
+
+    case = GraphedCase(call)
+    case()  # captures
+    for x in (q, k, v):  # new values in the captured inputs: the replay reads them
+        x.normal_()
+    with torch.no_grad():
+        expected = module.mix_tokens(q, k, v, (64, 64))
+    case()
+    torch.testing.assert_close(out, expected)
 
 
 def test_kernel_path_sets_segattn_kernel_while_building_and_restores_it(monkeypatch):
