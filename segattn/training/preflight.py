@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from ..attention import AttentionBase, check_band_variant
 from ..data import SegDataModule
@@ -76,6 +76,7 @@ def train_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[i
     one are refused here, before training starts)."""
     if cfg.data.crop_size is not None:
         crop = as_hw(cfg.data.crop_size, "data.crop_size")
+        check_crop_at_shrink(crop, int(cfg.data.get("downsample") or 1), datamodule)
         return {f"data.crop_size={list(crop)}": crop}
     sizes = datamodule.whole_image_sizes()
     if cfg.inference.mode != "whole":
@@ -84,6 +85,25 @@ def train_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[i
             f"{cfg.inference.mode}; set inference.mode=whole to validate and test on whole images too"
         )
     return {f"data.crop_size=null on {paths[0]}": size for size, paths in sizes.items()}
+
+
+def check_crop_at_shrink(crop: tuple[int, int], factor: int, datamodule: SegDataModule) -> None:
+    """With ``data.downsample`` > 1 the crop is taken from the shrunk images: a crop larger than one of them
+    only pads it with ignored pixels, often a sign the crop was meant in original pixels. One warning line
+    naming the image, its shrunk size and both keys; not a refusal, since a table may hold the crop equal
+    across shrinks on purpose (``idrid_cpu``'s 8x arm)."""
+    if factor == 1:
+        return
+    dataset = datamodule.datasets["train"]
+    for index in range(len(dataset)):
+        height, width = dataset.image_size(index)
+        if crop[0] > height or crop[1] > width:
+            rank_zero_warn(
+                f"data.crop_size={list(crop)} with data.downsample={factor}: {dataset.describe(index)} is "
+                f"{height}x{width} (HxW) at that shrink, so its crops are padded with ignored pixels; the "
+                f"crop is in shrunk pixels: at most [{height}, {width}] crops inside it"
+            )
+            return
 
 
 def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationModule) -> None:

@@ -5,6 +5,7 @@ model's stride (image 0, mask ignore), mixed sizes refused in one line, folder d
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from segattn.data import SegDataModule
 from segattn.data.datamodule import whole_image_collate
 from segattn.data.decoded import shrink_mask
 from segattn.images import IMAGENET_MEAN, IMAGENET_STD
+from segattn.training.preflight import check_crop_at_shrink
 
 IDRID = Path(__file__).resolve().parents[3] / "shared" / "data" / "idrid"
 STRIDE = 32  # pvt's output stride: what the training run sets as the datamodule's size_divisor
@@ -109,6 +111,26 @@ def test_downsampled_folder_trains_on_whole_shrunk_images(tmp_path):
     assert batch["image"].shape == (1, 3, STRIDE, STRIDE)
     assert (batch["mask"][0, :16, :24] == torch.from_numpy(shrink_mask(mask, 4).astype(np.int64))).all()
     assert (batch["mask"][0, 16:] == 255).all() and (batch["mask"][0, :, 24:] == 255).all()
+
+
+def test_a_crop_larger_than_the_shrunk_images_is_said_in_one_line_naming_both_keys(tmp_path):
+    root = make_folder(tmp_path / "ds", {"train": 1, "val": 1})
+    datamodule = SegDataModule(
+        "folder", root=root, crop_size=[32, 32], batch_size=1, cache_dir=str(tmp_path / "cache"), downsample=4
+    )
+    datamodule.setup("fit")
+    h, w = round(H / 4), round(W / 4)
+    with pytest.warns(UserWarning) as said:
+        check_crop_at_shrink((32, 32), 4, datamodule)
+    message = str(said[0].message)
+    assert "\n" not in message and message.startswith("data.crop_size=[32, 32] with data.downsample=4: ")
+    assert f"is {h}x{w} (HxW) at that shrink" in message and f"at most [{h}, {w}]" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_crop_at_shrink((h, w), 4, datamodule)  # the shrunk size itself fits
+        check_crop_at_shrink(
+            (512, 512), 1, datamodule
+        )  # at full resolution a larger crop pads, as documented
 
 
 @pytest.mark.skipif(not IDRID.is_dir(), reason=f"{IDRID} not present")
