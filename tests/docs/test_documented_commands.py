@@ -66,6 +66,8 @@ UNCHECKED = {
     "`make test` itself",
 }
 # make's own settings that a make running this test (`make test`) hands down: they would reach `make -n`.
+# So would its command-line variables (`make test ARGS=...` exports ARGS): `check_make` drops every
+# variable the Makefile reads, too.
 MAKE_ENVIRONMENT = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
 
 
@@ -232,7 +234,8 @@ def check_make(args: list[str], folder: Path, monkeypatch: pytest.MonkeyPatch) -
     for name in given:
         if f"$({name})" not in makefile:
             raise ConfigError(f"make {' '.join(args)}: the Makefile reads no variable {name}")
-    env = {key: value for key, value in os.environ.items() if key not in MAKE_ENVIRONMENT}
+    read = set(re.findall(r"\$\((\w+)\)", makefile))
+    env = {key: value for key, value in os.environ.items() if key not in (*MAKE_ENVIRONMENT, *read)}
     printed = subprocess.run(
         ["make", "-n", "--no-print-directory", *args], cwd=REPO, env=env, capture_output=True, text=True
     )
