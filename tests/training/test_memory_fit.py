@@ -9,6 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from reliability_fixtures import BASE, VIT, compose_run
 
+from segattn.config import plain
+from segattn.data import SegDataModule
 from segattn.errors import SegattnError
 from segattn.training import memory_fit
 from segattn.training import run as train
@@ -102,7 +104,7 @@ def test_a_step_that_fits_is_said_with_its_peak(monkeypatch, one_fake_gpu, caplo
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_step_on_cuda_measures_a_peak_and_leaves_no_gradients(tmp_path):
     cfg = compose_run(tmp_path, *BASE, *VIT, "data.batch_size=2", "trainer.accelerator=gpu")
-    datamodule = train.SegDataModule(**train.plain(cfg.data))
+    datamodule = SegDataModule(**plain(cfg.data))
     module = train.build_module(cfg, datamodule)
     peak = memory_fit.step_peak_bytes(module, (2, 3, 64, 64), torch.device("cuda", 0), torch.bfloat16)
     assert peak > 2 * 3 * 64 * 64 * 4  # at least the input
