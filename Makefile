@@ -34,8 +34,13 @@ train: setup
 eval: setup
 	$(BIN)/python eval.py $(ARGS)
 
+# The tests run in pytest-xdist workers, one per core (at most 4: each holds torch and its tests' models), a
+# whole test file to one worker so a module's shared fixture is built once, the files with the most slow tests
+# first (tests/conftest.py orders them and gives each worker its share of the cores). TEST_WORKERS=0: in this process
+# (pdb, -x on the first failure in order).
+TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

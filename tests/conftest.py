@@ -4,6 +4,8 @@ tests/helpers/, which pyproject.toml's ``pythonpath`` puts on sys.path."""
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +13,27 @@ import pytest
 import torch
 from omegaconf import DictConfig
 from train_overrides import compose_config
+
+from segattn.config.resolvers import available_cores
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto``) each worker gets an equal share of the cores for
+    torch's threads and for the processes its tests start (OMP_NUM_THREADS, unless already set): two
+    workers with two threads each on two cores would wait on each other's threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        threads = max(1, available_cores() // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files in order of how many slow tests they hold, most first (the rest as collected): pytest-xdist
+    hands whole files to its workers in this order (``--no-loadscope-reorder``), so the long files start
+    early and the short ones fill the gaps, instead of a long file finishing alone at the end."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture
