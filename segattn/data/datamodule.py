@@ -184,16 +184,21 @@ class SegDataModule(pl.LightningDataModule):
                 + f"\nSee `python -m segattn.doctor data={self.name} data.root=...` for the full report."
             )
 
-    def whole_image_sizes(self) -> dict[tuple[int, int], list[str]]:
-        """``crop_size=None``: the training images by (height, width) as the model sees them before
-        padding (read from the file headers). With ``batch_size`` > 1 a split of several sizes is one
-        ValueError naming the sizes and the settings that fix it."""
+    def train_image_sizes(self) -> dict[tuple[int, int], list[str]]:
+        """The training images by (height, width) as the model sees them before cropping or padding (after
+        ``downsample``; read from the file headers), each size with the images that have it."""
         if "train" not in self.datasets:
             self.setup("fit")
         dataset = self.datasets["train"]
         sizes: dict[tuple[int, int], list[str]] = {}
         for index in range(len(dataset)):
             sizes.setdefault(dataset.image_size(index), []).append(dataset.describe(index))
+        return sizes
+
+    def whole_image_sizes(self) -> dict[tuple[int, int], list[str]]:
+        """``crop_size=None``: ``train_image_sizes``. With ``batch_size`` > 1 a split of several sizes is
+        one ValueError naming the sizes and the settings that fix it."""
+        sizes = self.train_image_sizes()
         if self.batch_size > 1 and len(sizes) > 1:
             ranked = sorted(sizes.items(), key=lambda entry: -len(entry[1]))
             shown = ", ".join(f"{list(size)} ({len(paths)}, e.g. {paths[0]})" for size, paths in ranked[:3])

@@ -94,12 +94,10 @@ def check_crop_at_shrink(crop: tuple[int, int], factor: int, datamodule: SegData
     across shrinks on purpose (``idrid_cpu``'s 8x arm)."""
     if factor == 1:
         return
-    dataset = datamodule.datasets["train"]
-    for index in range(len(dataset)):
-        height, width = dataset.image_size(index)
+    for (height, width), images in datamodule.train_image_sizes().items():
         if crop[0] > height or crop[1] > width:
             rank_zero_warn(
-                f"data.crop_size={list(crop)} with data.downsample={factor}: {dataset.describe(index)} is "
+                f"data.crop_size={list(crop)} with data.downsample={factor}: {images[0]} is "
                 f"{height}x{width} (HxW) at that shrink, so its crops are padded with ignored pixels; the "
                 f"crop is in shrunk pixels: at most [{height}, {width}] crops inside it"
             )
