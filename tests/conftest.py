@@ -20,7 +20,10 @@ from segattn.config.resolvers import available_cores
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test`` runs ``-n auto``) each worker gets an equal share of the cores for
     torch's threads and for the processes its tests start (OMP_NUM_THREADS, unless already set): two
-    workers with two threads each on two cores would wait on each other's threads."""
+    workers with two threads each on two cores would wait on each other's threads. Offline, always."""
+    # The commands the tests start never reach the Hugging Face Hub, as in CI; and huggingface_hub reads this
+    # when imported, so the warm processes' server (tests/helpers/warm_processes.py) and they must agree.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:
         threads = max(1, available_cores() // workers)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from reliability_fixtures import TINY, run_train, train_command, train_env
+from reliability_fixtures import TINY, run_train, start_train
+from warm_processes import WarmProcess
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def last_checkpoint(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def kill_when_parked(process: subprocess.Popen, marker: Path, timeout: float = 150) -> None:
+def kill_when_parked(process: WarmProcess, marker: Path, timeout: float = 150) -> None:
     """SIGKILL the process group (trainer, loader worker, W&B service) once the run reaches the marker."""
     deadline = time.monotonic() + timeout
     try:
@@ -56,23 +57,9 @@ def test_kill_9_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
         "+callbacks.park_at.batch=0",
         f"+callbacks.park_at.marker={marker}",
     ]
-    victim = subprocess.Popen(
-        train_command(logs, *RUN, *park, run="killed"),
-        cwd=tmp_path,
-        env=train_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the kill takes its children too, like a lost node
-    )
-    straight = subprocess.Popen(
-        train_command(straight_logs, *RUN, "logger=none", run="straight"),
-        cwd=tmp_path,
-        env=train_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # its own process group: the kill takes its children too, like a lost node
+    victim = start_train(logs, *RUN, *park, run="killed", stderr=subprocess.STDOUT, new_session=True)
+    straight = start_train(straight_logs, *RUN, "logger=none", run="straight", stderr=subprocess.STDOUT)
     kill_when_parked(victim, marker)
     assert victim.returncode == -signal.SIGKILL
     assert int(marker.read_text()) == 3  # killed after the first step of epoch 2 (steps 0-1 = epoch 1)

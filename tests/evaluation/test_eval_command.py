@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import onnx
 import pytest
 import torch
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
+from warm_processes import run as run_command
 
 from segattn.evaluation.average_precision import average_precision_from_histograms
 from segattn.evaluation.command import run as evaluate
@@ -131,15 +132,15 @@ def test_bad_inputs_name_the_value(trained, tmp_path, overrides, message):
 
 
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
-    result = subprocess.run(
+    result = run_command(
         [
             sys.executable,
             str(REPO / "eval.py"),
             f"checkpoint={tmp_path / 'missing.ckpt'}",
             f"paths.log_dir={tmp_path}",
         ],
-        capture_output=True,
-        text=True,
+        cwd=REPO,
+        env=dict(os.environ),
         timeout=120,
     )
     assert result.returncode == 1

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
+from warm_processes import forkserver
 
 from segattn.attention import check_band_variant
 from segattn.models import build_model
@@ -161,13 +162,14 @@ def run_world(
 ) -> list[list[dict[str, Any]]]:
     """Run ``phases`` ((bands, cases) each) in ``world`` fresh processes; each rank's results, in order.
 
-    By default forked from a fork server that has imported this module (torch, segattn) once for the whole
-    test session: a clean process like spawn's, without each of the world's processes paying the imports
-    again. The server keeps the environment it started with: a caller that sets variables the processes must
-    see (SEGATTN_KERNEL, TRITON_INTERPRET) passes ``start_method="spawn"``."""
+    By default forked from the test worker's fork server (``warm_processes.forkserver``), which has imported
+    this module (torch, segattn) once for the whole test session: a clean process like spawn's, without each
+    of the world's processes paying the imports again. The server keeps the environment it started with: a
+    caller that sets variables the processes must see (SEGATTN_KERNEL, TRITON_INTERPRET) passes
+    ``start_method="spawn"``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if start_method == "forkserver":
-        mp.get_context("forkserver").set_forkserver_preload([__name__])
+        forkserver()
     mp.start_processes(
         worker,
         args=(world, phases, str(tmp_path / "init"), str(tmp_path)),

@@ -1,6 +1,6 @@
 """Helpers shared by the fault and crash tests (training, checkpoints, data, cli): the real conf/ composed
-into tiny runs, and train.py started as a subprocess, able to load the test-only fault callbacks
-(``fault_callbacks``)."""
+into tiny runs, and train.py started as a new process (forked from the warm server, ``warm_processes``),
+able to load the test-only fault callbacks (``fault_callbacks``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 from train_overrides import TINY_MODEL, compose_config
+from warm_processes import WarmProcess, start
+from warm_processes import run as run_command
 
 HELPERS = Path(__file__).resolve().parent
 TRAIN_SCRIPT = HELPERS.parents[1] / "train.py"
@@ -66,15 +68,31 @@ def train_env() -> dict[str, str]:
     return env | {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
-def run_train(
-    tmp_path: Path, *overrides: str, run: str = "run", timeout: int = 180
-) -> subprocess.CompletedProcess:
-    """Run training in a subprocess to completion (or failure) within ``timeout`` seconds."""
-    return subprocess.run(
+def start_train(
+    tmp_path: Path,
+    *overrides: str,
+    run: str = "run",
+    stdout: int | Path = subprocess.PIPE,
+    stderr: int | Path = subprocess.PIPE,
+    new_session: bool = False,
+) -> WarmProcess | subprocess.Popen:
+    """Start training as a new process (forked warm: ``warm_processes``), not waited for. ``stdout`` and
+    ``stderr``: ``subprocess.PIPE``, a file, or for stderr ``subprocess.STDOUT``; ``new_session``: its own
+    process group."""
+    return start(
         train_command(tmp_path, *overrides, run=run),
         cwd=tmp_path,
         env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=new_session,
+    )
+
+
+def run_train(
+    tmp_path: Path, *overrides: str, run: str = "run", timeout: int = 180
+) -> subprocess.CompletedProcess:
+    """Run training as a new process (``start_train``) to completion (or failure) within ``timeout`` s."""
+    return run_command(
+        train_command(tmp_path, *overrides, run=run), cwd=tmp_path, env=train_env(), timeout=timeout
     )

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from train_overrides import REPO, TINY_MODEL, compose_config
+from warm_processes import WarmProcess
+from warm_processes import start as start_command
 
 from segattn.training.run import run
 
@@ -49,8 +51,9 @@ RUN = [
 ]
 
 
-def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
-    """``python train.py`` writing to tmp_path/run, not waited for (``train`` waits)."""
+def start(tmp_path: Path, *overrides: str) -> WarmProcess | subprocess.Popen:
+    """``python train.py`` writing to tmp_path/run (forked warm: ``warm_processes``), not waited for
+    (``train`` waits)."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
     command = [
         sys.executable,
@@ -58,18 +61,11 @@ def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
         f"paths.log_dir={tmp_path}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    return subprocess.Popen(
-        [*command, *RUN, *overrides],
-        cwd=tmp_path,
-        env=env | {"OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_command([*command, *RUN, *overrides], cwd=tmp_path, env=env | {"OMP_NUM_THREADS": "1"})
 
 
 def train(
-    tmp_path: Path, *overrides: str, job: subprocess.Popen | None = None
+    tmp_path: Path, *overrides: str, job: WarmProcess | subprocess.Popen | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``python train.py`` (or wait for ``job`` from ``start``) to completion."""
     job = job or start(tmp_path, *overrides)

@@ -3,13 +3,13 @@ summed across ranks, equals a single-process evaluation of the same weights on t
 
 import csv
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from train_overrides import REPO, TINY_DATA, TINY_MODEL
+from warm_processes import run as run_command
 
 from segattn.data import SegDataModule
 from segattn.evaluation.metrics import SegmentationMetric
@@ -47,12 +47,10 @@ def test_ddp_cpu_two_processes_sync_the_metric(tmp_path):
         "callbacks.rich_model_summary=null",
         f"paths.log_dir={tmp_path}",
     ]
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, str(REPO / "train.py"), *overrides],
         cwd=tmp_path,
         env={**os.environ, "WANDB_SILENT": "true"},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from reliability_fixtures import TINY, train_command, train_env
+from reliability_fixtures import TINY, start_train
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 180
@@ -34,17 +34,14 @@ def test_nan_then_crash_on_one_rank(tmp_path):
     # One step per epoch per rank (8 images, 2 ranks, batch 4): step 0 NaN on rank 1, step 1 fine,
     # rank 1 raises at step 2.
     record = tmp_path / "poisoned.txt"
-    command = train_command(
+    process = start_train(
         tmp_path, *TINY, "trainer=ddp_cpu", "trainer.max_epochs=4", "logger=csv",
         "+callbacks.poison_batch._target_=fault_callbacks.PoisonBatch",
         "+callbacks.poison_batch.rank=1", "+callbacks.poison_batch.step=0",
         f"+callbacks.poison_batch.record={record}",
         "+callbacks.raise_at_step._target_=fault_callbacks.RaiseAtStep",
         "+callbacks.raise_at_step.rank=1", "+callbacks.raise_at_step.step=2",
-    )  # fmt: skip
-    process = subprocess.Popen(
-        command, cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        stderr=subprocess.STDOUT, new_session=True,
     )  # fmt: skip
     start = time.monotonic()
     try:

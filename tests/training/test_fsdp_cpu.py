@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning_fabric.plugins.environments.lightning import find_free_network_port
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
+from warm_processes import WarmProcess, start
 
 from segattn.models import build_model
 from segattn.training.config_checks import check_config
@@ -58,11 +59,11 @@ def fresh_port() -> int:
     return port
 
 
-def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[subprocess.Popen, Path]:
+def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[WarmProcess | subprocess.Popen, Path]:
     """Start train.py with 2 FSDP processes; returns the job and its run directory. Each job gets its own
     free port (jobs run at the same time, and pytest's environment may hold an earlier test's MASTER_PORT)."""
     run_dir = log_dir / run_name
-    job = subprocess.Popen(
+    job = start(
         [
             sys.executable,
             str(REPO / "train.py"),
@@ -73,14 +74,12 @@ def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[subproces
         ],
         cwd=log_dir,
         env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(fresh_port())},
-        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     return job, run_dir
 
 
-def finish(started: tuple[subprocess.Popen, Path]) -> Path:
+def finish(started: tuple[WarmProcess | subprocess.Popen, Path]) -> Path:
     """Wait for a job of ``start_fsdp`` to succeed; returns its last.ckpt."""
     job, run_dir = started
     output, _ = job.communicate(timeout=300)

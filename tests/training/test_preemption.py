@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import torch
-from reliability_fixtures import TINY, run_train, train_command, train_env
+from reliability_fixtures import TINY, run_train, start_train
 from torch.utils.data import TensorDataset
 from train_overrides import compose_config
 
@@ -46,19 +46,7 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def start_train(tmp_path, *overrides: str, run: str) -> subprocess.Popen:
-    """``run_train`` without waiting: the job, for ``finish``."""
-    return subprocess.Popen(
-        train_command(tmp_path, *overrides, run=run),
-        cwd=tmp_path,
-        env=train_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(job: subprocess.Popen, timeout: int = 180) -> subprocess.CompletedProcess:
+def finish(job, timeout: int = 180) -> subprocess.CompletedProcess:
     stdout, stderr = job.communicate(timeout=timeout)
     return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
 
@@ -71,10 +59,9 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
     log_txt = tmp_path / "log.txt"
     # The runs that do not wait for one another run at the same time (each is mostly one busy core): the
     # uninterrupted reference, the SIGTERM job and the Ctrl-C job; then both resumes.
-    with log_txt.open("w") as stdout:  # not a terminal: no progress bar, plain progress lines
-        straight = subprocess.Popen(
-            train_command(reference, *RUN, run="straight"), cwd=tmp_path, env=train_env(), stdout=stdout
-        )
+    # stdout to a file, not a terminal: no progress bar, plain progress lines
+    straight_err = tmp_path / "straight.stderr"
+    straight = start_train(reference, *RUN, run="straight", stdout=log_txt, stderr=straight_err)
     ctrl_c = start_train(logs, *RUN, *SIGINT_AT_STEP_5, run="ctrl_c")
     job = [*RUN, *SIGTERM_AT_STEP_5]  # a requeue re-runs this exact command
     preempted = run_train(logs, *job, run="job42")
@@ -98,7 +85,7 @@ def test_sigterm_mid_epoch_then_the_same_command_resumes_at_the_next_step(tmp_pa
     resumed = run_train(logs, *job, run="job42")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming from {last}" in resumed.stdout + resumed.stderr
-    assert straight.wait(timeout=180) == 0, log_txt.read_text()[-3000:]
+    assert straight.wait(timeout=180) == 0, log_txt.read_text()[-3000:] + straight_err.read_text()[-3000:]
     for text in (log_txt.read_text(), (reference / "straight" / "train.log").read_text()):
         assert "[segattn.train][INFO] - epoch 1/2 step 2/8 loss " in text
         assert "[segattn.train][INFO] - epoch 2/2 step 8/8 loss " in text and " img/s ETA " in text

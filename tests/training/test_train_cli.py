@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from train_overrides import REPO, TINY_DATA, TINY_MODEL
 from wandb_records import config, history
+from warm_processes import run as run_command
 
 from segattn.data.synthetic import SYNTHETIC_CLASSES
 from segattn.models import build_model
@@ -22,14 +23,8 @@ QUIET = ["callbacks.rich_model_summary=null", "trainer.accelerator=cpu"]
 def train_py(cwd: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run train.py from ``cwd`` (not the repo: paths must not depend on the working directory)."""
     env = {**os.environ, "WANDB_SILENT": "true"}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    command = [sys.executable, str(REPO / "train.py"), *overrides]
+    result = run_command(command, cwd=cwd, env=env, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
