@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from warm_processes import WarmProcess, forkserver, start
+from warm_processes import WarmProcess, server_environment, start
 
 SCRIPT = """
 import atexit, multiprocessing, os, signal, sys, threading, time
@@ -45,8 +45,15 @@ def script(tmp_path_factory) -> Path:
 
 
 def environment() -> dict[str, str]:
-    """The worker's environment as the server has it for the variables read at import, plus one of ours."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "WARM_TEST": "seen"}
+    """The worker's environment with the server's values of the variables read at import, plus one of ours
+    (a test that ran earlier in this process may have set one of them since the server started)."""
+    env = {**os.environ, "WARM_TEST": "seen"}
+    for key, value in server_environment().items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
 
 
 @pytest.mark.parametrize("mode", ["ok", "exit", "message", "raise", "interrupt", "sigterm"])
@@ -65,7 +72,6 @@ def test_a_warm_process_ends_as_a_fresh_interpreter_does(script, tmp_path, mode)
 
 
 def test_an_import_time_variable_the_server_lacks_gets_a_fresh_interpreter(script, tmp_path):
-    forkserver()
     env = environment() | {"PYTHONHASHSEED": "7" if os.environ.get("PYTHONHASHSEED") != "7" else "8"}
     job = start([sys.executable, str(script), "ok"], cwd=tmp_path, env=env)
     assert isinstance(job, subprocess.Popen)

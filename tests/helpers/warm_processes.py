@@ -80,6 +80,14 @@ def forkserver() -> Any:
     return context
 
 
+def server_environment() -> dict[str, str | None]:
+    """The server's values of the variables read at import (``IMPORT_TIME``; None: unset): a command whose
+    environment has the same runs forked."""
+    forkserver()
+    assert _server_env is not None
+    return dict(_server_env)
+
+
 def _streams(stdout: str | None, stderr: str | None) -> None:
     """Point fds 1 and 2 (and sys.stdout, sys.stderr) at the given files; ``stderr`` None: the same as
     stdout (``stderr=subprocess.STDOUT``)."""
@@ -197,9 +205,8 @@ def _warm_target(command: list[str], env: dict[str, str]) -> list[str] | None:
     """The script and its arguments when ``command`` (``python <script> ...``) can run forked, else None."""
     if len(command) < 2 or command[0] != sys.executable or command[1].startswith("-"):
         return None
-    forkserver()
-    assert _server_env is not None
-    if any(env.get(key) != _server_env.get(key) for key in IMPORT_TIME):
+    server = server_environment()
+    if any(env.get(key) != server[key] for key in IMPORT_TIME):
         return None
     return command[1:]
 
