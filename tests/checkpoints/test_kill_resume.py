@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from reliability_fixtures import TINY, run_train, start_train
-from warm_processes import WarmProcess
+from warm_processes import Job
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def last_checkpoint(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def kill_when_parked(process: WarmProcess, marker: Path, timeout: float = 150) -> None:
+def kill_when_parked(process: Job, marker: Path, timeout: float = 150) -> None:
     """SIGKILL the process group (trainer, loader worker, W&B service) once the run reaches the marker."""
     deadline = time.monotonic() + timeout
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 from train_overrides import TINY_MODEL, compose_config
-from warm_processes import WarmProcess, start
+from warm_processes import Job, start
 from warm_processes import run as run_command
 
 HELPERS = Path(__file__).resolve().parent
@@ -75,7 +75,7 @@ def start_train(
     stdout: int | Path = subprocess.PIPE,
     stderr: int | Path = subprocess.PIPE,
     new_session: bool = False,
-) -> WarmProcess | subprocess.Popen:
+) -> Job:
     """Start training as a new process (forked warm: ``warm_processes``), not waited for. ``stdout`` and
     ``stderr``: ``subprocess.PIPE``, a file, or for stderr ``subprocess.STDOUT``; ``new_session``: its own
     process group."""

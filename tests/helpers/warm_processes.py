@@ -21,6 +21,7 @@ plain module (not conftest.py) so that the fork server can import it by name.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.util as mp_util
@@ -36,7 +37,7 @@ import threading
 import traceback
 import weakref
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,18 +46,17 @@ import segattn.cli  # the preload: train.py's and eval.py's imports
 import segattn.training.run  # noqa: F401
 
 # Read once when a module is imported (huggingface_hub's offline flag, Triton's interpreter, thread pools,
-# the hash seed), so a child cannot take them from its own environment: the server is started with
-# SERVER_ENV set, and a command asking for another value of one of them gets a fresh interpreter.
+# the hash seed), so a child cannot take them from its own environment: a command asking for another value
+# of one of them than the server started with gets a fresh interpreter.
 IMPORT_TIME = ("HF_HUB_OFFLINE", "TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED")
-SERVER_ENV = {"HF_HUB_OFFLINE": "1"}  # what train_env and CI give every command
 HELPERS = str(Path(__file__).resolve().parent)
 PRELOAD = ["warm_processes", "band_workers"]  # band_workers: the fork server of the band-parallel worlds
 _server_env: dict[str, str | None] | None = None
 
 
 def forkserver() -> Any:
-    """multiprocessing's fork-server context, its server started (once per process) with PRELOAD imported
-    and SERVER_ENV set."""
+    """multiprocessing's fork-server context, its server started (once per process) with PRELOAD imported,
+    in this process's environment (tests/conftest.py makes it offline)."""
     global _server_env
     context = mp.get_context("forkserver")
     if _server_env is None:
@@ -64,19 +64,18 @@ def forkserver() -> Any:
         # The server imports PRELOAD by name before it reads the caller's sys.path (Python 3.11): this folder
         # goes on its PYTHONPATH, or every import fails quietly and each child pays them again.
         path = os.pathsep.join(part for part in (HELPERS, os.environ.get("PYTHONPATH")) if part)
-        saved = {key: os.environ.get(key) for key in (*SERVER_ENV, "PYTHONPATH")}
-        os.environ.update(SERVER_ENV | {"PYTHONPATH": path})
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = path
         try:
             from multiprocessing import forkserver as server
 
             server.ensure_running()
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        _server_env = {key: os.environ.get(key) for key in IMPORT_TIME} | SERVER_ENV
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
+        _server_env = {key: os.environ.get(key) for key in IMPORT_TIME}
     return context
 
 
@@ -171,7 +170,7 @@ class WarmProcess:
         return self._process.exitcode
 
     def poll(self) -> int | None:
-        return self._process.exitcode
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
@@ -201,6 +200,9 @@ class WarmProcess:
         self.send_signal(signal.SIGKILL)
 
 
+Job = WarmProcess | subprocess.Popen  # what ``start`` returns
+
+
 def _warm_target(command: list[str], env: dict[str, str]) -> list[str] | None:
     """The script and its arguments when ``command`` (``python <script> ...``) can run forked, else None."""
     if len(command) < 2 or command[0] != sys.executable or command[1].startswith("-"):
@@ -219,28 +221,21 @@ def start(
     stdout: int | Path = subprocess.PIPE,
     stderr: int | Path = subprocess.PIPE,
     start_new_session: bool = False,
-) -> WarmProcess | subprocess.Popen:
+) -> Job:
     """Start ``command`` (``[sys.executable, script, args...]``) forked from the warm server, or
     as ``subprocess.Popen`` where a fork would not be a fresh interpreter's equal. ``stdout`` and ``stderr``:
     ``subprocess.PIPE`` (read back by ``communicate``), a file path, or for stderr ``subprocess.STDOUT``."""
     target = _warm_target(command, env)
     if target is None:
-        files: list[IO[str]] = []
-        streams: list[Any] = []
-        for stream in (stdout, stderr):
-            if isinstance(stream, Path):
-                files.append(stream.open("w"))
-                streams.append(files[-1])
-            else:
-                streams.append(stream)
-        try:
+        with contextlib.ExitStack() as files:  # the child holds its own copies of the files
+            out, err = (
+                files.enter_context(stream.open("w")) if isinstance(stream, Path) else stream
+                for stream in (stdout, stderr)
+            )
             return subprocess.Popen(
-                command, cwd=cwd, env=env, stdout=streams[0], stderr=streams[1], text=True,
+                command, cwd=cwd, env=env, stdout=out, stderr=err, text=True,
                 start_new_session=start_new_session,
             )  # fmt: skip
-        finally:
-            for file in files:
-                file.close()
     capture = Path(tempfile.mkdtemp(prefix="segattn-warm-"))  # not in cwd: tests list what a run leaves there
     out = stdout if isinstance(stdout, Path) else capture / "stdout" if stdout == subprocess.PIPE else None
     err = None if stderr == subprocess.STDOUT else stderr if isinstance(stderr, Path) else capture / "stderr"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from train_overrides import REPO, TINY_MODEL, compose_config
-from warm_processes import WarmProcess
+from warm_processes import Job
 from warm_processes import start as start_command
 
 from segattn.training.run import run
@@ -51,7 +51,7 @@ RUN = [
 ]
 
 
-def start(tmp_path: Path, *overrides: str) -> WarmProcess | subprocess.Popen:
+def start(tmp_path: Path, *overrides: str) -> Job:
     """``python train.py`` writing to tmp_path/run (forked warm: ``warm_processes``), not waited for
     (``train`` waits)."""
     env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
@@ -64,9 +64,7 @@ def start(tmp_path: Path, *overrides: str) -> WarmProcess | subprocess.Popen:
     return start_command([*command, *RUN, *overrides], cwd=tmp_path, env=env | {"OMP_NUM_THREADS": "1"})
 
 
-def train(
-    tmp_path: Path, *overrides: str, job: WarmProcess | subprocess.Popen | None = None
-) -> subprocess.CompletedProcess:
+def train(tmp_path: Path, *overrides: str, job: Job | None = None) -> subprocess.CompletedProcess:
     """Run ``python train.py`` (or wait for ``job`` from ``start``) to completion."""
     job = job or start(tmp_path, *overrides)
     stdout, stderr = job.communicate(timeout=300)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning_fabric.plugins.environments.lightning import find_free_network_port
 from train_overrides import QUIET, REPO, TINY_DATA, TINY_MODEL, compose_config
-from warm_processes import WarmProcess, start
+from warm_processes import Job, start
 
 from segattn.models import build_model
 from segattn.training.config_checks import check_config
@@ -59,7 +59,7 @@ def fresh_port() -> int:
     return port
 
 
-def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[WarmProcess | subprocess.Popen, Path]:
+def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[Job, Path]:
     """Start train.py with 2 FSDP processes; returns the job and its run directory. Each job gets its own
     free port (jobs run at the same time, and pytest's environment may hold an earlier test's MASTER_PORT)."""
     run_dir = log_dir / run_name
@@ -79,7 +79,7 @@ def start_fsdp(log_dir: Path, run_name: str, *overrides: str) -> tuple[WarmProce
     return job, run_dir
 
 
-def finish(started: tuple[WarmProcess | subprocess.Popen, Path]) -> Path:
+def finish(started: tuple[Job, Path]) -> Path:
     """Wait for a job of ``start_fsdp`` to succeed; returns its last.ckpt."""
     job, run_dir = started
     output, _ = job.communicate(timeout=300)
