@@ -29,6 +29,11 @@ def train_py(cwd: Path, *overrides: str, timeout: int = 300) -> subprocess.Compl
     return result
 
 
+def strict_json(constant: str) -> None:
+    """``json.loads``'s ``parse_constant``: NaN and Infinity are not standard JSON."""
+    raise AssertionError(f"{constant} in a JSON file")
+
+
 def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     run_dir = tmp_path / "run"
     result = train_py(
@@ -45,7 +50,7 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     assert "segattn run summary" in result.stdout
     # test_after_fit: the best checkpoint scored on the test split, in the summary (printed and saved).
     assert "test mIoU / mAcc / aAcc" in result.stdout and "4 images of split 'test'" in result.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text(), parse_constant=strict_json)
     assert set(summary["test"]["IoU"]) == {name for name, _ in SYNTHETIC_CLASSES}
     assert 0 <= summary["test"]["mIoU"] <= 100
     assert OmegaConf.load(run_dir / ".hydra/config.yaml").model.name == "vit"
