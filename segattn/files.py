@@ -12,11 +12,13 @@ training alike.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import disk_error, os_error
 
@@ -81,3 +83,20 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], sole_wri
 def atomic_write_text(path: str | Path, text: str) -> None:
     """``text`` (UTF-8) into ``path``, crash-safe (``atomic_write``)."""
     atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def write_json(path: str | Path, payload: Any) -> None:
+    """``payload`` as standard JSON into ``path`` (indented, crash-safe): a NaN or infinite number, which
+    strict JSON parsers reject, is written as null."""
+    atomic_write_text(path, json.dumps(finite_numbers(payload), indent=2, allow_nan=False) + "\n")
+
+
+def finite_numbers(value: Any) -> Any:
+    """``value`` with every NaN or infinite float in its dicts, lists and tuples replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_numbers(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_numbers(item) for item in value]
+    return value

@@ -29,7 +29,7 @@ from .cli import run_command
 from .config import plain
 from .cpu_memory import reuse_freed_memory
 from .images import is_raster
-from .inference.image_io import find_images, overlay, read_input, save_mask, save_rgb
+from .inference.image_io import drawn_classes, find_images, overlay, read_input, save_mask, save_rgb
 from .inference.trained import TrainedModel, is_onnx, open_model
 
 if TYPE_CHECKING:
@@ -98,10 +98,16 @@ def progress(items: list[Path], description: str) -> Iterator[Path]:
 
 
 def predict_files(
-    model: TrainedModel, inference: dict[str, Any], files: Iterable[Path], out: Path, alpha: float
+    model: TrainedModel,
+    inference: dict[str, Any],
+    files: Iterable[Path],
+    out: Path,
+    alpha: float,
+    drawn: list[int],
 ) -> tuple[int, list[tuple[Path, str]]]:
-    """Masks and overlays for every readable file by ``model.predict`` (which shrinks an image as the
-    model was trained); (written count, [(file, reason) for skipped files])."""
+    """Masks and overlays (the ``drawn`` classes coloured) for every readable file by ``model.predict``
+    (which shrinks an image as the model was trained); (written count, [(file, reason) for skipped
+    files])."""
     written, failed = 0, []
     for path in files:
         try:
@@ -112,7 +118,9 @@ def predict_files(
             continue
         mask = model.predict(rgb, **inference)
         save_mask(mask, out / "masks" / f"{path.stem}.png")
-        save_rgb(overlay(rgb, mask, model.record.palette, alpha), out / "overlays" / f"{path.stem}.png")
+        save_rgb(
+            overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png"
+        )
         written += 1
     return written, failed
 
@@ -183,6 +191,7 @@ def run(args: DictConfig) -> int:
         settings = raster_settings(inference, model_path) if rasters else None
         model = open_model(model_path, args.threads)
         model.settings(**inference)  # what this model cannot run is refused before the first image
+        drawn = drawn_classes(model.record.classes, plain(args.overlay_classes))
         if rasters and model.downsample > 1:
             raise ValueError(
                 f"checkpoint={model_path}: trained on images shrunk {model.downsample}x (data.downsample), "
@@ -197,7 +206,7 @@ def run(args: DictConfig) -> int:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
     say_replaced(planned, out)
-    written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha)
+    written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha, drawn)
     streamed = 0
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)

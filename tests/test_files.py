@@ -3,13 +3,14 @@ writers keep each other's temporary files; nothing of Lightning, Hydra or torch 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from segattn.files import atomic_write, atomic_write_text, replacing, temp_files
+from segattn.files import atomic_write, atomic_write_text, replacing, temp_files, write_json
 
 
 def test_a_write_replaces_the_file_whole(tmp_path: Path) -> None:
@@ -51,3 +52,14 @@ def test_importing_it_loads_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_json_is_standard_with_nan_and_infinity_written_as_null(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    write_json(path, {"final": {"mIoU": 51.2, "IoU": {"sky": float("nan")}}, "scores": (float("inf"), 1.0)})
+
+    def reject(constant: str) -> None:
+        raise AssertionError(f"{constant} is not standard JSON")
+
+    loaded = json.loads(path.read_text(), parse_constant=reject)
+    assert loaded == {"final": {"mIoU": 51.2, "IoU": {"sky": None}}, "scores": [None, 1.0]}

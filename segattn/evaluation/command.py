@@ -23,6 +23,7 @@ from ..config import check_data_root, check_values, config_dir, plain, workers
 from ..data import SegDataModule
 from ..data.datamodule import seg_collate
 from ..data.raster import RasterLayout
+from ..files import write_json
 from ..images import DataError, as_hw
 from ..inference.trained import open_model
 from ..record import ModelRecord
@@ -183,7 +184,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         **scores,
         "confusion": confusion.tolist(),
     }
-    report.write_json(payload, out_dir / "metrics.json")
+    write_json(out_dir / "metrics.json", payload)
     report.write_per_class_csv(scores, out_dir / "per_class.csv")
     title = f"{datamodule.name} {cfg.split}, {images} images, {mode}"
     report.plot_confusion(confusion, datamodule.classes, out_dir / "confusion.png", title)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -69,10 +68,6 @@ def write_per_class_csv(record: dict[str, Any], path: Path) -> None:
         row = [_csv_cell(values[key]) for key in per_class_keys]
         writer.writerow([name, *row, values["pixels"]])
     atomic_write_text(path, text.getvalue())
-
-
-def write_json(payload: dict[str, Any], path: Path) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def plot_confusion(confusion: np.ndarray, classes: list[str], path: Path, title: str) -> None:

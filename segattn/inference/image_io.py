@@ -70,13 +70,40 @@ def save_image(image: Image.Image, path: Path) -> None:
     atomic_write(path, lambda handle: image.save(handle, format=image_format))
 
 
-def overlay(rgb: np.ndarray, mask: np.ndarray, palette: list[Color], alpha: float = 0.5) -> np.ndarray:
-    """The image blended with the palette colour of each pixel's class; uint8 [H, W, 3]."""
-    colours = np.asarray(palette, dtype=np.float32)[mask]
-    return (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
+def overlay(
+    rgb: np.ndarray,
+    mask: np.ndarray,
+    palette: list[Color],
+    alpha: float = 0.5,
+    drawn: list[int] | None = None,
+) -> np.ndarray:
+    """The image blended with the palette colour of each pixel's class; uint8 [H, W, 3]. Only the classes
+    ``drawn`` (default: all) are coloured: any other pixel, an ignored one included, keeps the image's own."""
+    drawn = list(range(len(palette))) if drawn is None else drawn
+    colours = np.asarray(palette, dtype=np.float32)[np.where(np.isin(mask, drawn), mask, 0)]
+    blended = (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
+    return np.where(np.isin(mask, drawn)[..., None], blended, rgb)
+
+
+def drawn_classes(classes: list[str], chosen: str | int | list[str | int] | None) -> list[int]:
+    """The indices of the classes an overlay colours: ``chosen`` (names or indices), or by default every
+    class but one named "background"; ValueError naming a class the model does not have."""
+    if chosen is None:
+        return [index for index, name in enumerate(classes) if name.lower() != "background"]
+    indices = []
+    for entry in [chosen] if isinstance(chosen, str | int) else chosen:
+        index = entry if isinstance(entry, int) else classes.index(entry) if entry in classes else None
+        if index is None or not 0 <= index < len(classes):
+            raise ValueError(
+                f"overlay_classes: {entry!r} is not a class of this model; expected names of "
+                f"{', '.join(classes)} or indices 0..{len(classes) - 1}"
+            )
+        indices.append(index)
+    return indices
 
 
 __all__ = [
+    "drawn_classes",
     "find_images",
     "normalize",
     "overlay",

@@ -1,5 +1,6 @@
 """Callbacks for W&B: a validation panel of images with ground-truth / prediction mask overlays and
-the per-class IoU table. Rank zero only; silent without a W&B logger."""
+the per-class IoU table, and what a finished run holds (``WandbRunRecord``: environment, best score and
+step, test tables, the best checkpoint as a model artifact). Rank zero only; silent without a W&B logger."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor
+
+from .rundir import environment
 
 
 def to_uint8_image(image: Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
@@ -27,6 +30,27 @@ def finite_or_none(value: float) -> float | None:
 def wandb_logger(trainer: pl.Trainer) -> WandbLogger | None:
     """The trainer's W&B logger, if it has one."""
     return next((logger for logger in trainer.loggers if isinstance(logger, WandbLogger)), None)
+
+
+def rank_zero_wandb(trainer: pl.Trainer) -> WandbLogger | None:
+    """The trainer's W&B logger on rank zero outside the sanity check; None elsewhere."""
+    return None if not trainer.is_global_zero or trainer.sanity_checking else wandb_logger(trainer)
+
+
+def at_image_size(labels: Tensor, image_size: tuple[int, int], step: int) -> np.ndarray:
+    """The labels under the pixels ``image[::step, ::step]`` keeps, as int64: nearest by pixel centre, so
+    masks larger than the image (``data.downsample``) come out at the panel image's size."""
+    height, width = image_size
+    rows = ((np.arange(0, height, step) + 0.5) * labels.shape[0] / height).astype(np.int64)
+    cols = ((np.arange(0, width, step) + 0.5) * labels.shape[1] / width).astype(np.int64)
+    return labels.cpu().numpy()[np.ix_(rows, cols)].astype(np.int64)
+
+
+def per_class_rows(classes: list[str], scores: dict[str, Any]) -> list[list[Any]]:
+    """[class, IoU, Acc] per class, an undefined score as an empty cell."""
+    return [
+        [name, finite_or_none(scores["IoU"][name]), finite_or_none(scores["Acc"][name])] for name in classes
+    ]
 
 
 class WandbValidationPanel(pl.Callback):
@@ -72,11 +96,12 @@ class WandbValidationPanel(pl.Callback):
             top = outputs.get("band_start", 0)  # trainer=spatial: the rows this process predicted
             image, mask = image[:, top : top + pred.shape[0]], mask[top : top + pred.shape[0]]
             step = max(1, math.ceil(max(image.shape[-2:]) / self.max_size))
+            size = (image.shape[-2], image.shape[-1])
             self.samples.append(
                 (
                     to_uint8_image(image[:, ::step, ::step], record.mean, record.std),
-                    mask[::step, ::step].cpu().numpy().astype(np.int64),
-                    pred[::step, ::step].cpu().numpy().astype(np.int64),
+                    at_image_size(mask, size, step),
+                    at_image_size(pred, size, step),
                     str(batch["path"][index]) if "path" in batch else "",
                 )
             )
@@ -102,11 +127,74 @@ class WandbValidationPanel(pl.Callback):
             )
         scores = pl_module.val_scores
         if scores:
-            rows = [
-                [name, finite_or_none(scores["IoU"][name]), finite_or_none(scores["Acc"][name])]
-                for name in record.classes
-            ]
+            rows = per_class_rows(record.classes, scores)
             logger.log_table(
                 "val/per_class", columns=["class", "IoU", "Acc"], data=rows, step=trainer.global_step
             )
         self.samples = []
+
+
+class WandbRunRecord(pl.Callback):
+    """What a W&B run holds for those who read it afterwards, beside the logged curves: the environment
+    (``rundir.environment``: versions, git commit) in the run config; the best score of the checkpoint
+    callback's ``monitor`` and its step (``best_step``) in the run summary, where W&B would otherwise keep
+    the last; each test's per-class table (``test/per_class``) and confusion matrix of pixel counts
+    (``test/confusion``); and with ``log_model`` the best checkpoint (the last without one) as a model
+    artifact ``model-<run id>``, logged here so that it works offline too (Lightning's ``log_model``
+    refuses an offline logger)."""
+
+    def __init__(self, log_model: bool = True) -> None:
+        self.log_model = log_model
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logger = rank_zero_wandb(trainer)
+        if logger is not None:
+            logger.experiment.config.update({"environment": environment()}, allow_val_change=True)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write_best(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write_best(trainer)
+        logger = rank_zero_wandb(trainer)
+        checkpoint = trainer.checkpoint_callback
+        path = getattr(checkpoint, "best_model_path", "") or getattr(checkpoint, "last_model_path", "")
+        if logger is None or not self.log_model or not path:
+            return
+        import wandb
+
+        score = getattr(checkpoint, "best_model_score", None)
+        metadata = {"monitor": checkpoint.monitor, "score": None if score is None else float(score)}
+        artifact = wandb.Artifact(f"model-{logger.experiment.id}", type="model", metadata=metadata)
+        artifact.add_file(path, policy="immutable")  # read where it is, not copied to a staging folder
+        logger.experiment.log_artifact(artifact, aliases=["best" if score is not None else "last"])
+
+    def write_best(self, trainer: pl.Trainer) -> None:
+        """The checkpoint callback's best score and step into the run summary."""
+        logger = rank_zero_wandb(trainer)
+        checkpoint = trainer.checkpoint_callback
+        score = getattr(checkpoint, "best_model_score", None)
+        if logger is not None and score is not None:
+            best_step = getattr(checkpoint, "best_step", None)
+            logger.experiment.summary.update({checkpoint.monitor: float(score), "best_step": best_step})
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logger = rank_zero_wandb(trainer)
+        if logger is None or not pl_module.test_scores:
+            return
+        import wandb
+
+        classes = pl_module.record.classes
+        rows = per_class_rows(classes, pl_module.test_scores)
+        cells = [
+            [classes[label], classes[pred], int(count)]
+            for (label, pred), count in np.ndenumerate(pl_module.test_confusion.numpy())
+            if count
+        ]
+        table = wandb.Table(columns=["Actual", "Predicted", "nPredictions"], data=cells)
+        fields = {name: name for name in table.columns}
+        chart = wandb.plot_table(
+            "wandb/confusion_matrix/v1", table, fields, {"title": "test confusion (pixels)"}
+        )
+        logger.log_table("test/per_class", columns=["class", "IoU", "Acc"], data=rows)
+        logger.experiment.log({"test/confusion": chart})

@@ -58,7 +58,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, plus a last.ckpt at each epoch-end save point that saved nothing."""
+    """Lightning's ModelCheckpoint, plus a last.ckpt at each epoch-end save point that saved nothing, and
+    ``best_step``: the optimizer step of the best score (None before one)."""
+
+    best_step: int | None = None
+    noted_score: Any = None  # the best score best_step belongs to
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -69,6 +73,16 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
             self.save_last_if_missed(trainer)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        """Every save: a best score new since the last one was scored at this step, which the saved
+        checkpoint's state then holds too."""
+        if self.best_model_score is not self.noted_score:
+            self.best_step, self.noted_score = trainer.global_step, self.best_model_score
+        super()._save_checkpoint(trainer, filepath)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_step": self.best_step}
 
     def save_last_if_missed(self, trainer: pl.Trainer) -> None:
         """Write last.ckpt unless a checkpoint (and with it last.ckpt) was already saved at this step."""
@@ -85,6 +99,7 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         own checkpoints (or its final weights)."""
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
+            self.best_step, self.noted_score = state_dict.get("best_step"), self.best_model_score
 
     def save_last_now(self, trainer: pl.Trainer) -> str:
         """Write last.ckpt at this very step, whatever the schedule (a preempted run's final state, taken

@@ -64,6 +64,7 @@ class SegmentationModule(pl.LightningModule):
         self.val_scores: dict[str, Any] = {}  # the latest validation's scores, read by callbacks
         self.test_scores: dict[str, Any] = {}  # the latest test's scores, read by the run summary
         self.test_histograms: dict[str, Tensor] = {}  # the latest test's AP histograms (run_test saves them)
+        self.test_confusion = self.test_metric.confusion  # the latest test's confusion matrix (W&B logs it)
         self.compile_network = compile_network
         self.compiled = False
 
@@ -148,24 +149,28 @@ class SegmentationModule(pl.LightningModule):
         self.val_scores = self.log_scores(self.val_metric, self.val_ap, "val")
 
     def on_test_epoch_end(self) -> None:
-        with self.test_ap.sync_context():  # summed over all ranks, as compute() sees them
+        with self.test_ap.sync_context(), self.test_metric.sync_context():  # summed over all ranks
             self.test_histograms = {
                 "positives": self.test_ap.positives.cpu().clone(),
                 "negatives": self.test_ap.negatives.cpu().clone(),
             }
+            self.test_confusion = self.test_metric.confusion.cpu().clone()
         self.test_scores = self.log_scores(self.test_metric, self.test_ap, "test")
 
     def log_scores(
         self, metric: SegmentationMetric, ap: AveragePrecisionMetric, prefix: str
     ) -> dict[str, Any]:
-        """Log ``<prefix>/mIoU`` etc. and ``<prefix>/mAP``, reset both metrics, and return the scores with
-        per-class dicts."""
+        """Log ``<prefix>/mIoU`` etc., ``<prefix>/mAP`` and each class's ``<prefix>/IoU/<class>``, reset both
+        metrics, and return the scores with per-class dicts."""
         scores = {**metric.compute(), **ap.compute()}  # summed over all ranks
         metric.reset()
         ap.reset()
         summary_keys, per_class_keys = (*SUMMARY_KEYS, "mAP"), (*PER_CLASS_KEYS, "AP")
-        self.log_dict({f"{prefix}/{name}": scores[name].float() for name in summary_keys})
         classes = self.record.classes
+        self.log_dict({f"{prefix}/{name}": scores[name].float() for name in summary_keys})
+        self.log_dict(
+            {f"{prefix}/IoU/{name}": iou.float() for name, iou in zip(classes, scores["IoU"], strict=True)}
+        )
         return {
             **{name: scores[name].item() for name in summary_keys},
             **{name: dict(zip(classes, scores[name].tolist(), strict=True)) for name in per_class_keys},

@@ -38,13 +38,17 @@ def build_scheduler(
     """LR factor ramps linearly from ``warmup_start_factor`` to 1 over ``warmup_steps``, then decays to
     0 (poly: (1 - t)^power) or to ``eta_min`` (cosine) at ``total_steps``; stepped once per optimizer step.
 
-    A warmup longer than the run (e.g. a recipe under fast_dev_run) is shortened to ``total_steps - 1``.
+    A warmup as long as the run or longer (a recipe's 1500 steps under fast_dev_run, the default 50 in a
+    48-step run) is cut to a tenth of the run, so that the run still decays.
     """
     if name not in SCHEDULES:
         raise ValueError(f"scheduler.name={name!r}; expected one of {', '.join(SCHEDULES)}")
     if warmup_steps >= total_steps:
-        rank_zero_warn(f"scheduler.warmup_steps={warmup_steps} >= {total_steps} training steps; shortened")
-        warmup_steps = total_steps - 1
+        rank_zero_warn(
+            f"scheduler.warmup_steps={warmup_steps} >= {total_steps} training steps; shortened to "
+            f"{total_steps // 10} (a tenth of the run)"
+        )
+        warmup_steps = total_steps // 10
     decay_steps = total_steps - warmup_steps
     if name == "poly":
         decay: LRScheduler = PolynomialLR(optimizer, total_iters=decay_steps, power=power)

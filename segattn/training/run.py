@@ -31,7 +31,7 @@ from ..config import NothingToDo, plain
 from ..cpu_memory import reuse_freed_memory
 from ..data import SegDataModule
 from ..evaluation.average_precision import class_ids
-from ..files import atomic_write
+from ..files import atomic_write, write_json
 from ..images import DataError
 from ..models import build_model
 from ..record import ModelRecord
@@ -195,7 +195,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     finally:
         finish_wandb(loggers, exit_code=int(failed))
     if trainer.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(run_dir / "summary.json", summary)
         print_summary(summary)
     return summary
 

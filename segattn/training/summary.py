@@ -18,7 +18,8 @@ from .callbacks import wandb_logger
 def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) -> dict[str, Any]:
     """Run dir, best / last checkpoints, W&B run dir, and the final validation scores (percent).
     ``best_score`` is the best value of ``monitor`` (the checkpoint callback's; ``val/mIoU`` by default),
-    ``best_mIoU`` the same value when that is what is monitored."""
+    ``best_mIoU`` the same value when that is what is monitored, ``best_step`` the optimizer step it was
+    scored at."""
     checkpoint = trainer.checkpoint_callback
     best_score = getattr(checkpoint, "best_model_score", None)
     best_score = None if best_score is None else float(best_score)
@@ -34,6 +35,7 @@ def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) ->
         "monitor": monitor,
         "best_score": best_score,
         "best_mIoU": best_score if monitor == "val/mIoU" else None,
+        "best_step": getattr(checkpoint, "best_step", None),
         "best_checkpoint": getattr(checkpoint, "best_model_path", "") or None,
         "last_checkpoint": getattr(checkpoint, "last_model_path", "") or None,
         "wandb_dir": wandb_dir,
@@ -48,7 +50,10 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     table.add_column(overflow="fold")  # long paths wrap instead of being cut
     final = summary["final"]
     rows = [
-        (f"best {summary.get('monitor') or 'val/mIoU'}", _percent(summary.get("best_score"))),
+        (
+            f"best {summary.get('monitor') or 'val/mIoU'}",
+            _percent(summary.get("best_score")) + _at_step(summary),
+        ),
         (
             "final mIoU / mAcc / aAcc",
             " / ".join(_percent(final.get(key)) for key in ("mIoU", "mAcc", "aAcc")),
@@ -78,6 +83,10 @@ def _test_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     test = summary.get("test") or {}
     scores = " / ".join(_percent(test.get(key)) for key in ("mIoU", "mAcc", "aAcc")) if test else "-"
     return [("test mIoU / mAcc / aAcc", scores), ("test set", summary["test_note"])]
+
+
+def _at_step(summary: dict[str, Any]) -> str:
+    return "" if summary.get("best_step") is None else f" at step {summary['best_step']}"
 
 
 def _percent(value: float | None) -> str:

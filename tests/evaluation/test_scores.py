@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from segattn.evaluation.metrics import SegmentationMetric
-from segattn.evaluation.report import scores_record, write_json, write_per_class_csv
+from segattn.evaluation.report import scores_record, write_per_class_csv
+from segattn.files import write_json
 
 IGN = 255
 CLASSES = ["road", "car", "sky", "tree"]
@@ -61,7 +62,7 @@ def test_confusion_and_per_class_scores_match_the_hand_computed_ones():
 def test_report_files_hold_the_scores_with_undefined_ones_empty(tmp_path):
     metric = planted()
     record = scores_record(metric.compute(), metric.confusion.numpy(), CLASSES)
-    write_json(record, tmp_path / "metrics.json")
+    write_json(tmp_path / "metrics.json", record)
     write_per_class_csv(record, tmp_path / "per_class.csv")
     loaded = json.loads((tmp_path / "metrics.json").read_text())  # standard JSON: no NaN literals
     assert loaded["per_class"]["tree"]["IoU"] is None and loaded["per_class"]["sky"]["IoU"] == 0.0

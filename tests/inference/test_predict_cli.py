@@ -79,7 +79,23 @@ def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_
     colours = np.asarray(PALETTE)[mask]
     rgb = np.asarray(Image.open(images / "a.png"), dtype=np.float32)
     overlay = np.asarray(Image.open(out / "overlays" / "a.png"), dtype=np.float32)
-    np.testing.assert_allclose(overlay, np.round(0.5 * rgb + 0.5 * colours), atol=1)
+    background = (mask == 0)[..., None]  # not coloured by default: the image shows through undimmed
+    np.testing.assert_allclose(
+        overlay, np.where(background, rgb, np.round(0.5 * rgb + 0.5 * colours)), atol=1
+    )
+    assert background.any() and not background.all()
+
+
+def test_overlay_classes_pick_the_coloured_classes_and_an_unknown_one_is_refused(exported, images, tmp_path):
+    out = tmp_path / "out"
+    args = [f"checkpoint={exported['safetensors']}", f"input={images / 'a.png'}", f"out={out}"]
+    assert main([*args, "overlay_classes=[background,thing,stuff]"]) == 0
+    mask = np.asarray(Image.open(out / "masks" / "a.png"))
+    rgb = np.asarray(Image.open(images / "a.png"), dtype=np.float32)
+    overlay = np.asarray(Image.open(out / "overlays" / "a.png"), dtype=np.float32)
+    np.testing.assert_allclose(overlay, np.round(0.5 * rgb + 0.5 * np.asarray(PALETTE)[mask]), atol=1)
+    assert main([*args, f"out={tmp_path / 'refused'}", "overlay_classes=[sky]"]) == 1
+    assert not (tmp_path / "refused").exists()
 
 
 def test_slide_and_flip_agree_between_onnx_numpy_and_torch_paths(exported, images, tmp_path):

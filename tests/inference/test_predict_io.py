@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from segattn.inference.image_io import find_images, normalize, overlay, read_input, save_mask
+from segattn.inference.image_io import drawn_classes, find_images, normalize, overlay, read_input, save_mask
 
 
 def test_normalize_is_pixel_over_255_minus_mean_over_std():
@@ -34,6 +34,24 @@ def test_masks_keep_class_indices_and_overlay_blends_palette(tmp_path):
     rgb = np.full((1, 2, 3), 100, np.uint8)
     blended = overlay(rgb, np.array([[0, 1]]), [(0, 0, 0), (200, 100, 0)], alpha=0.5)
     np.testing.assert_array_equal(blended, [[[50, 50, 50], [150, 100, 50]]])
+
+
+def test_overlay_leaves_background_and_ignored_pixels_undimmed():
+    rgb = np.full((1, 3, 3), 100, np.uint8)
+    mask = np.array([[0, 1, 255]])  # background, a drawn class, the ignore index
+    blended = overlay(rgb, mask, [(0, 0, 0), (200, 100, 0)], alpha=0.5, drawn=[1])
+    np.testing.assert_array_equal(blended, [[[100, 100, 100], [150, 100, 50], [100, 100, 100]]])
+
+
+def test_overlay_classes_default_to_all_but_background_and_unknown_ones_are_named():
+    classes = ["Background", "thing", "stuff"]
+    assert drawn_classes(classes, None) == [1, 2]
+    assert drawn_classes(["road", "car"], None) == [0, 1]
+    assert drawn_classes(classes, ["stuff", 0]) == [2, 0] and drawn_classes(classes, "thing") == [1]
+    with pytest.raises(ValueError, match=r"^overlay_classes: 'sky' is not a class of this model; .*thing"):
+        drawn_classes(classes, ["sky"])
+    with pytest.raises(ValueError, match=r"indices 0\.\.2$"):
+        drawn_classes(classes, [3])
 
 
 def test_find_images_accepts_file_dir_and_glob(tmp_path):

@@ -61,11 +61,15 @@ def test_weight_decay_and_groups_come_from_the_model():
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.05, 0.0]
 
 
-def test_warmup_longer_than_run_is_shortened_and_unknown_schedule_rejected():
-    with pytest.warns(UserWarning, match="shortened"):
-        lrs = lrs_over("poly", total=3, warmup=100, warmup_start_factor=0.5)
-    assert lrs[0][0] == pytest.approx(LR * 0.5)  # warmup of 2 steps, then 1 decay step
-    assert lrs[2][0] == pytest.approx(LR)
+def test_warmup_longer_than_run_is_shortened_to_a_tenth_of_it_and_unknown_schedule_rejected():
+    with pytest.warns(UserWarning, match="shortened to 4 "):
+        lrs = lrs_over("poly", total=48, warmup=50, warmup_start_factor=0.5)
+    assert lrs[0][0] == pytest.approx(LR * 0.5)  # warmup of 4 steps, then 44 decay steps
+    assert lrs[4][0] == pytest.approx(LR)
+    assert lrs[47][0] == pytest.approx(LR / 44)
+    with pytest.warns(UserWarning, match="shortened to 0 "):
+        lrs = lrs_over("poly", total=3, warmup=100)
+    assert lrs[0][0] == pytest.approx(LR)  # too short for any warmup: decay from the first step
     optimizer = build_optimizer(TwoGroups(), lr=LR, weight_decay=0.0)
     with pytest.raises(ValueError, match="step"):
         build_scheduler(optimizer, 10, "step")

@@ -10,7 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from train_overrides import REPO, TINY_DATA, TINY_MODEL
-from wandb_records import config, history
+from wandb_records import artifacts, config, history
+from wandb_records import summary as wandb_summary
 from warm_processes import run as run_command
 
 from segattn.data.synthetic import SYNTHETIC_CLASSES
@@ -29,6 +30,11 @@ def train_py(cwd: Path, *overrides: str, timeout: int = 300) -> subprocess.Compl
     return result
 
 
+def strict_json(constant: str) -> None:
+    """``json.loads``'s ``parse_constant``: NaN and Infinity are not standard JSON."""
+    raise AssertionError(f"{constant} in a JSON file")
+
+
 def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     run_dir = tmp_path / "run"
     result = train_py(
@@ -45,7 +51,7 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     assert "segattn run summary" in result.stdout
     # test_after_fit: the best checkpoint scored on the test split, in the summary (printed and saved).
     assert "test mIoU / mAcc / aAcc" in result.stdout and "4 images of split 'test'" in result.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text(), parse_constant=strict_json)
     assert set(summary["test"]["IoU"]) == {name for name, _ in SYNTHETIC_CLASSES}
     assert 0 <= summary["test"]["mIoU"] <= 100
     assert OmegaConf.load(run_dir / ".hydra/config.yaml").model.name == "vit"
@@ -83,9 +89,8 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     rows = history(run_file)
     val_miou = [row["val/mIoU"] for row in rows if "val/mIoU" in row]
     assert len(val_miou) == 2
-    scores = [
-        state["best_model_score"] for state in ckpt["callbacks"].values() if "best_model_score" in state
-    ]
+    checkpoint_key = next(key for key, state in ckpt["callbacks"].items() if "best_model_score" in state)
+    scores = [ckpt["callbacks"][checkpoint_key]["best_model_score"]]
     assert max(val_miou) == pytest.approx(scores[0].item(), abs=1e-4)
     assert any("train/loss" in row and "train/lr" in row for row in rows)
     panels = [row for row in rows if "val/examples.all_masks" in row]
@@ -98,6 +103,23 @@ def test_train_writes_checkpoints_wandb_run_and_summary(tmp_path):
     tested = [row for row in rows if "test/mIoU" in row]
     assert len(tested) == 1 and tested[0]["test/mIoU"] == pytest.approx(summary["test"]["mIoU"], abs=1e-4)
     assert {"test/mDice", "test/fwIoU"} <= set(tested[0])
+
+    # What a W&B user reads afterwards: the best score and its step in the summary, per-class IoU curves,
+    # the test's per-class table and confusion matrix, the environment, the best checkpoint as a model.
+    class_names = [name for name, _ in SYNTHETIC_CLASSES]
+    logged_summary = wandb_summary(run_file)
+    assert logged_summary["val/mIoU"] == pytest.approx(max(val_miou), abs=1e-4)
+    assert (
+        logged_summary["best_step"] == summary["best_step"] == ckpt["callbacks"][checkpoint_key]["best_step"]
+    )
+    curves = [row for row in rows if "val/mIoU" in row]
+    assert all({f"val/IoU/{name}" for name in class_names} <= set(row) for row in curves)
+    assert {f"test/IoU/{name}" for name in class_names} <= set(tested[0])
+    assert any(row.get("test/per_class.nrows") == len(class_names) for row in rows)
+    assert any("test/confusion_table.nrows" in row for row in rows)
+    assert logged_config["environment"] == meta["versions"]
+    model_artifact = artifacts(run_file)[f"model-{meta['wandb_run_id']}"]
+    assert model_artifact == ("model", ["best.ckpt"])
 
 
 def test_multirun_sweeps_attention_variants(tmp_path):

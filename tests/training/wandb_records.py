@@ -79,3 +79,23 @@ def config(path: Path) -> dict:
             for item in record.config.update:
                 values[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
     return values
+
+
+def summary(path: Path) -> dict:
+    """The run summary as W&B shows it at the end: every summary update applied in order (JSON-decoded)."""
+    values = {}
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                values[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
+    return values
+
+
+def artifacts(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """The logged artifacts as {name: (type, [file paths in it])}."""
+    found = {}
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "artifact":
+            artifact = record.artifact
+            found[artifact.name] = (artifact.type, [entry.path for entry in artifact.manifest.contents])
+    return found
