@@ -38,15 +38,15 @@ def build_scheduler(
     """LR factor ramps linearly from ``warmup_start_factor`` to 1 over ``warmup_steps``, then decays to
     0 (poly: (1 - t)^power) or to ``eta_min`` (cosine) at ``total_steps``; stepped once per optimizer step.
 
-    A warmup as long as the run or longer (a recipe's 1500 steps under fast_dev_run, the default 50 in a
-    48-step run) is cut to a tenth of the run, so that the run still decays.
+    A warmup longer than half the run (a recipe's 1500 steps under fast_dev_run, the default 50 in a
+    48-step or 60-step run) is cut to a tenth of the run, so that most of the run decays.
     """
     if name not in SCHEDULES:
         raise ValueError(f"scheduler.name={name!r}; expected one of {', '.join(SCHEDULES)}")
-    if warmup_steps >= total_steps:
+    if warmup_steps > total_steps // 2:
         rank_zero_warn(
-            f"scheduler.warmup_steps={warmup_steps} >= {total_steps} training steps; shortened to "
-            f"{total_steps // 10} (a tenth of the run)"
+            f"scheduler.warmup_steps={warmup_steps} is more than half of the run's {total_steps} training "
+            f"steps; shortened to {total_steps // 10} (a tenth of the run)"
         )
         warmup_steps = total_steps // 10
     decay_steps = total_steps - warmup_steps

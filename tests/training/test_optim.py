@@ -1,6 +1,7 @@
 """The LR schedule against its closed form, step by step."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -61,12 +62,19 @@ def test_weight_decay_and_groups_come_from_the_model():
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.05, 0.0]
 
 
-def test_warmup_longer_than_run_is_shortened_to_a_tenth_of_it_and_unknown_schedule_rejected():
+def test_warmup_longer_than_half_the_run_is_shortened_to_a_tenth_of_it_and_unknown_schedule_rejected():
     with pytest.warns(UserWarning, match="shortened to 4 "):
         lrs = lrs_over("poly", total=48, warmup=50, warmup_start_factor=0.5)
     assert lrs[0][0] == pytest.approx(LR * 0.5)  # warmup of 4 steps, then 44 decay steps
     assert lrs[4][0] == pytest.approx(LR)
     assert lrs[47][0] == pytest.approx(LR / 44)
+    with pytest.warns(UserWarning, match="more than half of the run's 60 training steps; shortened to 6 "):
+        lrs_over("poly", total=60, warmup=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # half the run or less is the recipe's choice, kept
+        assert lrs_over("poly", total=100, warmup=50, warmup_start_factor=0.5)[0][0] == pytest.approx(
+            LR * 0.5
+        )
     with pytest.warns(UserWarning, match="shortened to 0 "):
         lrs = lrs_over("poly", total=3, warmup=100)
     assert lrs[0][0] == pytest.approx(LR)  # too short for any warmup: decay from the first step
