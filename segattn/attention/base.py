@@ -21,11 +21,8 @@ class AttentionBase(nn.Module):
     N²), ``max_tokens`` (None: any resolution), ``band_parallel`` (one image can be split into bands of rows
     across processes: every token interaction goes through the sums of ``segattn.parallel.tokens`` and
     every image operation through ``segattn.parallel.ops``), ``triton_path`` (its core has a Triton form).
-    Every variant traces to TorchScript and compiles with ``torch.compile`` (tested for each).
-
-    ``kernel_backend`` is SEGATTN_FUSED and SEGATTN_KERNEL as read when the module was built ("plain",
-    "auto", "torch" or "triton"; ``layers.kernel_backend``): the variants pass it to ``layers.choose_path``
-    through their functional core.
+    Every variant traces and compiles. ``kernel_backend``: the settings when it was built, for
+    ``layers.choose_path`` (``layers.kernel_backend``: "plain", "auto", "torch" or "triton").
     """
 
     onnx_dynamic: ClassVar[bool] = True

@@ -51,7 +51,7 @@ def kernel_backend() -> str:
         return PLAIN
     if value == "triton" and not triton_installed():
         raise RuntimeError(f"{KERNEL_ENV}=triton but triton is not installed; unset it for the PyTorch path")
-    if value == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    if value == "triton" and not torch.cuda.is_available() and not interpreted():
         raise RuntimeError(
             f"{KERNEL_ENV}=triton without a CUDA device needs TRITON_INTERPRET=1 (Triton's CPU interpreter); "
             f"unset {KERNEL_ENV} for the PyTorch path"
@@ -68,11 +68,9 @@ def triton_installed() -> bool:
 
 @torch.compiler.assume_constant_result
 def interpreted() -> bool:
-    """Whether Triton runs its CPU interpreter (TRITON_INTERPRET=1; ``attention.triton.kernels`` refuses to
+    """Whether TRITON_INTERPRET=1 asks for Triton's CPU interpreter (``attention.triton.kernels`` refuses to
     load when triton was imported with the opposite setting)."""
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def exporting() -> bool:
