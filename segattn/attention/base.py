@@ -17,19 +17,15 @@ class AttentionBase(nn.Module):
     """Token mixer ``forward(x: [B, N, C], hw: (H, W)) -> [B, N, C]``; no residual inside.
 
     Class-level capability flags describe what the variant supports; they are checked by the tests and
-    listed in the README: ``onnx_dynamic`` (ONNX export with dynamic H, W), ``torchscript`` (tracing),
-    ``compilable`` (torch.compile), ``max_tokens`` (None: any resolution), ``band_parallel`` (one image
-    can be split into bands of rows across processes: every token interaction goes through the sums of
-    ``segattn.parallel.tokens`` and every image operation through ``segattn.parallel.ops``),
-    ``triton_path`` (its kernel-attention core runs on the Triton kernels where ``kernel_backend`` says so).
-
-    ``kernel_backend`` is SEGATTN_KERNEL as read when the module was built ("auto", "torch" or "triton";
-    ``layers.kernel_backend``): the variants with a Triton path pass it to their functional core.
+    listed in the docs: ``onnx_dynamic`` (ONNX export with dynamic H, W), ``quadratic`` (memory grows with
+    N²), ``max_tokens`` (None: any resolution), ``band_parallel`` (one image can be split into bands of rows
+    across processes: every token interaction goes through the sums of ``segattn.parallel.tokens`` and
+    every image operation through ``segattn.parallel.ops``), ``triton_path`` (its core has a Triton form).
+    Every variant traces and compiles. ``kernel_backend``: the settings when it was built, for
+    ``layers.choose_path`` (``layers.kernel_backend``: "plain", "auto", "torch" or "triton").
     """
 
     onnx_dynamic: ClassVar[bool] = True
-    torchscript: ClassVar[bool] = True
-    compilable: ClassVar[bool] = True
     quadratic: ClassVar[bool] = False
     band_parallel: ClassVar[bool] = False
     triton_path: ClassVar[bool] = False

@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import HW, depthwise_conv, resample_grid_embedding, use_fused
+from ..layers import FUNCTION, HW, PLAIN, choose_path, depthwise_conv, resample_grid_embedding
 from .functional import focused_feature_map, focused_linear_attention
 from .fused.focus import focused_attention_fused
 from .reduction import ReducedKeysAttention
-from .triton import use_triton
 from .triton.functions import focused_attention_triton
 
 POSITION_ENCODINGS = ("none", "learned")
@@ -85,10 +84,13 @@ class FocusedLinearAttention(ReducedKeysAttention):
             size = (self.position_size, self.position_size)
             k = k + resample_grid_embedding(self.positional_encoding, size, kv_hw)
         local = self.local_context(v, kv_hw, hw)  # [B, h, N, d]
-        # one autograd node (or Triton operator); needs as many keys as queries
-        triton = self.sr_ratio == 1 and use_triton(self.kernel_backend, q, self.head_dim)
-        if triton or (use_fused(self.kernel_backend) and self.sr_ratio == 1):
-            return (focused_attention_triton if triton else focused_attention_fused)(
+        # focusing and kernel product in one autograd node or Triton operator: as many keys as queries
+        whole = self.sr_ratio == 1
+        path = choose_path(
+            self.kernel_backend, q, triton_head_dim=self.head_dim if whole else None, function=whole
+        )
+        if path != PLAIN:
+            return (focused_attention_fused if path == FUNCTION else focused_attention_triton)(
                 q,
                 k,
                 v,

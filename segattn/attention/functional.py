@@ -5,36 +5,39 @@ and then apply the queries. Feature maps, the kᵀv product and the normaliser r
 bf16/fp16 autocast (float64 inputs stay float64); the result comes back in the dtype of ``v``.
 Only matmul, reshape and elementwise ops are used so that ONNX and TorchScript tracing work.
 
-Each linear function has two fast paths taken in eager mode, chosen by ``backend`` (an attention module
-passes the ``kernel_backend`` it read when built; None reads the environment now): the Triton kernels
-(``triton/``: CUDA tensors by default; torch operators, so ``torch.compile`` keeps them) and the PyTorch
-Functions (``fused/kernel.py``: an autograd Function that writes fewer intermediates and recomputes feature
-maps in backward). While tracing, exporting or (short of the Triton path) compiling, and for a ``"plain"``
-backend (SEGATTN_FUSED=0; ``fused_switch.use_fused``), the plain code below runs instead, so exporters and
-compilers see ordinary ops.
+Each linear function declares its kernel-attention core (``KernelCore``: feature maps, normaliser, mean
+and Taylor terms) and its plain formula; ``run_kernel_core`` runs the core on the path that
+``layers.choose_path`` picks for the call under ``backend`` (an attention module passes the
+``kernel_backend`` it read when built; None reads the environment now): the Triton kernels (``triton/``:
+CUDA tensors by default; torch operators, so ``torch.compile`` keeps them), the PyTorch Function
+(``fused/kernel.py``: an autograd Function that writes fewer intermediates and recomputes feature maps in
+backward) or the plain formula below, which is what exporters and compilers see.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..layers import kernel_backend, use_fused
-from ..parallel import token_count, token_softmax, token_sum, tokens_split
-from .fused.feature_maps import EluPlusOne, L2Normalize, Relu, Scale, Softmax
+from ..layers import PLAIN, TRITON, choose_path
+from ..parallel import token_count, token_softmax, token_sum
+from .fused.feature_maps import EluPlusOne, FusedMap, L2Normalize, Relu, Scale, Softmax
 from .fused.kernel import kernel_attention_fused
-from .triton import use_triton
-from .triton.functions import FeatureMap, kernel_attention_triton
+from .triton.functions import kernel_attention_triton
 
 __all__ = [
+    "FeatureMap",
+    "KernelCore",
     "efficient_attention",
     "focused_feature_map",
     "focused_linear_attention",
     "linear_attention",
+    "run_kernel_core",
     "softmax_attention",
     "taylor_attention",
 ]
@@ -47,10 +50,62 @@ def _upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def triton_path(backend: str | None, q: Tensor) -> bool:
-    """Whether this call takes the Triton kernels: ``backend`` (None: SEGATTN_KERNEL now) for q's device,
-    dtype and head dim (``triton.use_triton``)."""
-    return use_triton(kernel_backend() if backend is None else backend, q, q.shape[-1])
+@dataclass(frozen=True)
+class FeatureMap:
+    """A feature map φ of a kernel-attention core, by name: ``identity`` (φ = scale·x), ``elu`` (elu + 1),
+    ``relu``, ``l2`` (x / max(‖x‖, eps)), ``softmax_channels`` (over the head's d channels) or
+    ``softmax_tokens`` (over the N tokens; keys only)."""
+
+    name: str
+    scale: float = 1.0
+    eps: float = 0.0
+
+    def function_map(self) -> FusedMap:
+        """This map with its hand-written backward, for the PyTorch Function (``fused.feature_maps``)."""
+        if self.name in ("identity", "l2"):
+            return Scale(self.scale) if self.name == "identity" else L2Normalize(self.eps)
+        if self.name.startswith("softmax"):
+            return Softmax(-1 if self.name == "softmax_channels" else -2)
+        return EluPlusOne() if self.name == "elu" else Relu()
+
+
+@dataclass(frozen=True)
+class KernelCore:
+    """What a kernel-attention core computes, per head: O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with
+    [S | z] = c·φk(k)ᵀ[v | 1]; c = 1/N for ``mean`` (N: the whole image's tokens), else 1.
+    ``normalize=False``: O = φq(q) S. ``taylor_term``: Taylor's constant 1 in every similarity, β = Σ_n v_n
+    and β₀ = N (else 0). ``function``: whether it has a PyTorch Function form (LiteMLA's has none)."""
+
+    query_map: FeatureMap
+    key_map: FeatureMap
+    mean: bool = False
+    eps: float = 0.0
+    normalize: bool = True
+    taylor_term: bool = False
+    function: bool = True
+
+
+def run_kernel_core(
+    core: KernelCore, q: Tensor, k: Tensor, v: Tensor, backend: str | None, plain: Callable[[], Tensor]
+) -> Tensor:
+    """``core`` on q, k, v ([B, h, N, d]) on the path ``layers.choose_path`` picks under ``backend``: the
+    Triton kernels, the PyTorch Function (``fused.kernel``) or ``plain()``, the variant's plain formula.
+    A key softmax runs over all tokens: on a band of a split image only the plain formula takes it."""
+    whole_image = core.key_map.name == "softmax_tokens"
+    path = choose_path(
+        backend, q, triton_head_dim=q.shape[-1], function=core.function, whole_image=whole_image
+    )
+    if path == PLAIN:
+        return plain()
+    if path == TRITON:
+        return kernel_attention_triton(q, k, v, core)
+    options = {"eps": core.eps, "normalize": core.normalize, "taylor_term": core.taylor_term}
+    phi_q, phi_k, factor = core.query_map.function_map(), core.key_map.function_map(), 1.0
+    if core.mean and core.normalize:
+        factor = 1.0 / token_count(k.shape[-2])
+    elif core.mean:  # identity maps: (q/√N)(k/√N)ᵀv, as Efficient Attention's plain formula computes it
+        phi_q = phi_k = Scale(token_count(k.shape[-2]) ** -0.5)
+    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, context_scale=factor, **options)
 
 
 def full_precision(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -87,22 +142,11 @@ def efficient_attention(
             f"efficient_attention: normalization={normalization!r}; "
             f"expected one of {EFFICIENT_NORMALIZATIONS}"
         )
-    key_softmax = normalization == "softmax"
-    if key_softmax and tokens_split():  # the key softmax runs over all tokens
-        return _efficient_attention(q, k, v, normalization)
-    if triton_path(backend, q):  # scale: (q/√N)(k/√N)ᵀv as the context divided by N
-        maps = ("softmax_channels", "softmax_tokens") if key_softmax else ("identity",) * 2
-        phi_q, phi_k = (FeatureMap(name) for name in maps)
-        return kernel_attention_triton(
-            q, k, v, phi_q=phi_q, phi_k=phi_k, mean=not key_softmax, normalize=False
-        )
-    if not use_fused(backend):
-        return _efficient_attention(q, k, v, normalization)
     if normalization == "softmax":
-        phi_q, phi_k = Softmax(-1), Softmax(-2)
-    else:
-        phi_q = phi_k = Scale(token_count(k.shape[-2]) ** -0.5)
-    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, normalize=False)
+        core = KernelCore(FeatureMap("softmax_channels"), FeatureMap("softmax_tokens"), normalize=False)
+    else:  # (q/√N)(k/√N)ᵀv: the context divided by N
+        core = KernelCore(FeatureMap("identity"), FeatureMap("identity"), mean=True, normalize=False)
+    return run_kernel_core(core, q, k, v, backend, lambda: _efficient_attention(q, k, v, normalization))
 
 
 @full_precision
@@ -131,13 +175,8 @@ def linear_attention(
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
-    if triton_path(backend, q):
-        kernel_map = FeatureMap(feature_map)
-        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps)
-    if not use_fused(backend):
-        return _linear_attention(q, k, v, feature_map, eps)
-    phi = EluPlusOne() if feature_map == "elu" else Relu()
-    return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
+    core = KernelCore(FeatureMap(feature_map), FeatureMap(feature_map), eps=eps)
+    return run_kernel_core(core, q, k, v, backend, lambda: _linear_attention(q, k, v, feature_map, eps))
 
 
 @full_precision
@@ -156,13 +195,8 @@ def taylor_attention(
 
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
-    if triton_path(backend, q):
-        kernel_map = FeatureMap("l2", eps=eps)
-        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, eps=eps, taylor_term=True)
-    if not use_fused(backend):
-        return _taylor_attention(q, k, v, eps)
-    phi = L2Normalize(eps)
-    return kernel_attention_fused(q, k, v, phi_q=phi, phi_k=phi, eps=eps, taylor_term=True)
+    core = KernelCore(FeatureMap("l2", eps=eps), FeatureMap("l2", eps=eps), eps=eps, taylor_term=True)
+    return run_kernel_core(core, q, k, v, backend, lambda: _taylor_attention(q, k, v, eps))
 
 
 @full_precision
@@ -197,14 +231,8 @@ def focused_linear_attention(
     kᵀv is formed as (kᵀ/√N)(v/√N) and the normaliser from the mean of k: the published guard against
     overflow at large N. q, k must already be non-negative (focused features).
     """
-    if triton_path(backend, q):
-        kernel_map = FeatureMap("identity")
-        return kernel_attention_triton(q, k, v, phi_q=kernel_map, phi_k=kernel_map, mean=True, eps=eps)
-    if not use_fused(backend):
-        return _focused_linear_attention(q, k, v, eps)
-    factor = 1.0 / token_count(k.shape[-2])
-    identity = Scale(1.0)
-    return kernel_attention_fused(q, k, v, phi_q=identity, phi_k=identity, context_scale=factor, eps=eps)
+    core = KernelCore(FeatureMap("identity"), FeatureMap("identity"), mean=True, eps=eps)
+    return run_kernel_core(core, q, k, v, backend, lambda: _focused_linear_attention(q, k, v, eps))
 
 
 @full_precision

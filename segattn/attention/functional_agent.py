@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..layers import HW, use_fused
+from ..layers import FUNCTION, HW, choose_path
 from .functional import _upcast, full_precision
 from .functional_approx import segment_averaging
 from .fused.polarity import polarity_features_fused
@@ -85,9 +85,9 @@ def agent_attention(
 
 def polarity_features(x: Tensor, power: Tensor, backend: str | None = None) -> Tensor:
     """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d].
-    In eager mode one autograd node with a hand-written backward (``fused.polarity``) unless ``backend``
-    (the module's ``kernel_backend``) is "plain" (``use_fused``)."""
-    if use_fused(backend):
+    One autograd node with a hand-written backward (``fused.polarity``) where ``layers.choose_path`` says so
+    under ``backend`` (the module's ``kernel_backend``)."""
+    if choose_path(backend, x) == FUNCTION:
         return polarity_features_fused(x, power)
     magnitude = x.abs() ** power
     positive = torch.where(x > 0, magnitude, 0.0)

@@ -11,8 +11,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..layers import use_fused
-from ..parallel import token_max, tokens_split
+from ..layers import PLAIN, choose_path
+from ..parallel import token_max
 from .functional import full_precision, kernel_attention, softmax_attention
 from .fused.kernel import kernel_attention_fused
 from .fused.random_features import PositiveRandomFeatures
@@ -63,8 +63,9 @@ def performer_attention(
 ) -> Tensor:
     """FAVOR+ (Choromanski et al. 2020): kernel attention with positive random features of the softmax
     kernel, an unbiased estimate of softmax(q kᵀ/√d) v; ``projection`` is ω [m, d] (a constant); the
-    fused Function unless ``backend`` (the module's ``kernel_backend``) is "plain"."""
-    if not use_fused(backend) or tokens_split():  # the keys' stabiliser is a max over all tokens
+    PyTorch Function where ``layers.choose_path`` says so under ``backend`` (the module's
+    ``kernel_backend``)."""
+    if choose_path(backend, q, whole_image=True) == PLAIN:  # whole: the keys' stabiliser is a max over all
         return _performer_attention(q, k, v, projection, eps)
     scale = q.shape[-1] ** -0.25
     phi_q = PositiveRandomFeatures(projection, scale, per_row=True)

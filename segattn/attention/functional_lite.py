@@ -5,8 +5,8 @@ come from one product: v is padded with a channel of ones, so φ(k)ᵀ[v, 1] ([d
 Σ_j φ(k_j) v_jᵀ and Σ_j φ(k_j) side by side, and φ(q) times it gives both at once. No N×N tensor. As in
 the paper's code, the products and the division run in fp32 even under bf16/fp16 autocast (float64 stays
 float64); the result comes back in the dtype of ``v``. Plain matmul, pad and elementwise ops only, so
-ONNX export, TorchScript tracing and torch.compile see ordinary ops. In eager mode the Triton kernels take
-it where ``backend`` says so (``functional.triton_path``: CUDA tensors by default).
+ONNX export, TorchScript tracing and torch.compile see ordinary ops. The Triton kernels take it where
+``layers.choose_path`` says so (``functional.run_kernel_core``: CUDA tensors by default).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from .functional import full_precision, triton_path
-from .triton.functions import FeatureMap, kernel_attention_triton
+from .functional import FeatureMap, KernelCore, full_precision, run_kernel_core
 
 __all__ = ["LITE_KERNELS", "lite_linear_attention"]
 
@@ -28,10 +27,8 @@ def lite_linear_attention(
     """LiteMLA's linear attention on [B, heads, N, d] q, k (before φ) and v; returns [B, heads, N, d]."""
     if kernel not in LITE_KERNELS:
         raise ValueError(f"lite_linear_attention: kernel={kernel!r}; expected one of {LITE_KERNELS}")
-    if triton_path(backend, q):
-        phi = FeatureMap(kernel)
-        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=eps)
-    return _lite_linear_attention(q, k, v, kernel, eps)
+    core = KernelCore(FeatureMap(kernel), FeatureMap(kernel), eps=eps, function=False)
+    return run_kernel_core(core, q, k, v, backend, lambda: _lite_linear_attention(q, k, v, kernel, eps))
 
 
 @full_precision

@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import HW, depthwise_conv, resample_grid_embedding
+from ..layers import HW, TRITON, choose_path, depthwise_conv, resample_grid_embedding
 from .functional_agent import pola_attention
 from .reduction import ReducedKeysAttention
-from .triton import use_triton
 from .triton.functions import polarity_attention_triton
 
 POSITION_ENCODINGS = ("none", "learned")
@@ -31,7 +30,7 @@ class PolaAttention(ReducedKeysAttention):
     ``positional_encoding`` [1, (S/R)², C] (init 0) added to k, stored on an S/R × S/R grid
     (S = ``position_size``) and resampled bilinearly to the key grid; with R > 1 also ``sr``, ``norm``.
 
-    The polarity attention runs on the Triton kernels where ``kernel_backend`` says so (its 2d-wide
+    The polarity attention runs on the Triton kernels where ``layers.choose_path`` says so (its 2d-wide
     features within their head-dim limit); the scale, the power, the DWC and the gate stay in PyTorch.
     """
 
@@ -96,7 +95,11 @@ class PolaAttention(ReducedKeysAttention):
         scale = F.softplus(self.scale)
         power = 1 + self.alpha * torch.sigmoid(self.power)
         heads = self.split_heads(q / scale), self.split_heads(k / scale), self.split_heads(v)
-        if use_triton(self.kernel_backend, heads[0], self.head_dim, widening=2):
+        # Triton or pola_attention, whose polarity features choose their PyTorch Function themselves
+        path = choose_path(
+            self.kernel_backend, heads[0], triton_head_dim=self.head_dim, widening=2, function=False
+        )
+        if path == TRITON:
             out = polarity_attention_triton(*heads, power.reshape(self.num_heads, self.head_dim), self.eps)
         else:
             out = pola_attention(*heads, power, self.eps, self.kernel_backend)

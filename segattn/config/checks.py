@@ -314,7 +314,7 @@ def check_kernel() -> None:
     TRITON_INTERPRET=1, is a ConfigError before anything is built or written. Unset, torch is not imported."""
     if not (os.environ.get("SEGATTN_KERNEL") or os.environ.get("SEGATTN_FUSED")):
         return
-    from ..layers.fused_switch import kernel_backend
+    from ..layers.fast_path import kernel_backend
 
     try:
         kernel_backend()

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import attention_class
 from ..files import atomic_write
 from ..record import ModelRecord
 from .verify import ExportError, check_sizes, compare, trace_size
@@ -22,13 +21,9 @@ TORCHSCRIPT_FILE = "model.pt"
 def export_torchscript(
     model: nn.Module, record: ModelRecord, out: Path, size: tuple[int, int], atol: float
 ) -> dict[str, Any]:
-    """model.pt traced at ``size`` (the record in its extra file), checked on two sizes; refused by flag."""
+    """model.pt traced at ``size`` (the record in its extra file), checked on two sizes."""
     name = record.attention
     label = f"torchscript[{name}]"
-    if not attention_class(name).torchscript:
-        raise ExportError(
-            f"attention {name!r} does not support TorchScript (its class flag torchscript=False)"
-        )
     out.mkdir(parents=True, exist_ok=True)
     wrapper = ExportWrapper(model).eval()
     try:

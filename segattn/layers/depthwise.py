@@ -7,9 +7,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from segattn.parallel.bands import tokens_split
-
-from .fused_switch import use_fused
+from .fast_path import FUNCTION, choose_path
 
 
 def dense_channels_last(images: Tensor) -> Tensor:
@@ -25,14 +23,15 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = 
     """``conv`` — depthwise, stride 1, padding k // 2 — on [B, C, H, W] images, run channels-last (input,
     weight and output), so a [B, N, C] token tensor viewed as a grid needs no transpose either way. On CPU in
     eager mode kernels larger than 3×3 take ``DepthwiseConv``'s backward unless ``backend`` (the calling
-    module's ``kernel_backend``; None: the environment now) is "plain" (``use_fused``); 3×3 kernels keep
+    module's ``kernel_backend``; None: the environment now) is "plain" (``choose_path``); 3×3 kernels keep
     oneDNN's own depthwise backward, which beats it at that size (measured on Mix-FFN's shapes;
     docs/performance.md)."""
     kernel = conv.weight.shape[-1]
     if conv.groups != images.shape[1] or conv.stride != (1, 1) or conv.padding != (kernel // 2, kernel // 2):
         raise ValueError(f"depthwise_conv: {conv} is not a depthwise stride-1 'same' convolution")
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
-    if kernel > 3 and images.device.type == "cpu" and use_fused(backend) and not tokens_split():  # halos
+    cpu_large = kernel > 3 and images.device.type == "cpu"
+    if choose_path(backend, images, function=cpu_large, whole_image=True) == FUNCTION:  # whole: the halos
         return depthwise_conv_fused(images, weight=weight, bias=conv.bias)
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups

@@ -2,7 +2,7 @@
 same outputs and gradients (fp32, float tolerance); by default the fused Functions run.
 
 A module reads the variable once, when it is built (``kernel_backend``: "plain"), and keeps that path; a
-functional call outside a module (``use_fused()`` without a backend) reads it at each call.
+functional call outside a module (``choose_path`` without a backend) reads it at each call.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from torch import Tensor
 from segattn.attention.fused.focus import FocusedAttention
 from segattn.attention.fused.kernel import KernelAttention
 from segattn.attention.fused.polarity import PolarityFeatures
-from segattn.layers import FUSED_ENV, use_fused
+from segattn.layers import FUNCTION, FUSED_ENV, PLAIN, choose_path
 from segattn.layers.depthwise import DepthwiseConv
-from segattn.layers.fused_switch import PLAIN
 
 FUNCTIONS: list[type[torch.autograd.Function]] = [
     KernelAttention,
@@ -83,20 +82,20 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[type[torch.autograd.Function]
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, True), ("", True), ("1", True), ("0", False)])
-def test_use_fused_without_a_module_follows_the_variable_at_each_call(
+def test_choose_path_without_a_module_follows_the_variable_at_each_call(
     monkeypatch: pytest.MonkeyPatch, value: str | None, expected: bool
 ) -> None:
     if value is None:
         monkeypatch.delenv(FUSED_ENV, raising=False)
     else:
         monkeypatch.setenv(FUSED_ENV, value)
-    assert use_fused() is expected
+    assert (choose_path(None, torch.zeros(1)) == FUNCTION) is expected
 
 
-def test_use_fused_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_choose_path_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_ENV, "false")
     with pytest.raises(ValueError, match=r"SEGATTN_FUSED='false'; expected 0 .* or 1"):
-        use_fused()
+        choose_path(None, torch.zeros(1))
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
@@ -105,7 +104,7 @@ def test_tracing_takes_the_plain_path_even_when_fused_is_requested(monkeypatch: 
     seen: list[bool] = []
 
     def probe(x: Tensor) -> Tensor:
-        seen.append(use_fused())
+        seen.append(choose_path(None, x) == FUNCTION)
         return x + 1
 
     torch.jit.trace(probe, torch.zeros(2), check_trace=False)

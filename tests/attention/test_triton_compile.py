@@ -96,8 +96,9 @@ def variants_over_token_counts() -> list[str]:
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
+    from segattn.attention.functional import FeatureMap, KernelCore
     from segattn.attention.triton import launch, load_kernels
-    from segattn.attention.triton.functions import FeatureMap, kernel_attention_triton
+    from segattn.attention.triton.functions import kernel_attention_triton
 
     kernels, backend = load_kernels(), make_backend(GPUTarget("cuda", SM90, 32))
     keys: dict[str, set] = {}
@@ -123,7 +124,7 @@ def variants_over_token_counts() -> list[str]:
     for tokens in (1, 7, 64, 100, 1000, 1024, 4096, 4099, 16384, 65539):
         x = torch.randn(2, tokens, 3 * 64, requires_grad=True)
         q, k, v = (t.unflatten(-1, (2, 32)).transpose(1, 2) for t in x.chunk(3, dim=-1))
-        out = kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=1e-6)
+        out = kernel_attention_triton(q, k, v, KernelCore(phi, phi, eps=1e-6))
         torch.autograd.grad(out, x, out)
     return [f"{name} {len(variants)}" for name, variants in sorted(keys.items())]
 

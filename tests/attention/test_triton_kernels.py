@@ -28,11 +28,12 @@ from torch import Tensor
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
+from segattn.attention.functional import FeatureMap, KernelCore
 from segattn.attention.fused.kernel import KernelAttention
-from segattn.attention.triton import load_kernels, use_triton
-from segattn.attention.triton.functions import FeatureMap, kernel_attention_triton, polarity_attention_triton
+from segattn.attention.triton import functions, load_kernels
+from segattn.attention.triton.functions import kernel_attention_triton, polarity_attention_triton
 from segattn.attention.triton.launch import Blocks, Tuning, tuned
-from segattn.layers import FUSED_ENV, KERNEL_ENV, kernel_backend
+from segattn.layers import FUSED_ENV, KERNEL_ENV, TRITON, choose_path, fast_path, kernel_backend
 
 KERNELS = load_kernels()
 
@@ -76,15 +77,15 @@ def triton_call(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     n = k.shape[-2]
     if variant == "efficient_softmax":
         maps = FeatureMap("softmax_channels"), FeatureMap("softmax_tokens")
-        return kernel_attention_triton(q, k, v, phi_q=maps[0], phi_k=maps[1], normalize=False)
+        return kernel_attention_triton(q, k, v, KernelCore(*maps, normalize=False))
     if variant == "efficient_scale":
         phi = FeatureMap("identity", n**-0.5)
-        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, normalize=False)
+        return kernel_attention_triton(q, k, v, KernelCore(phi, phi, normalize=False))
     if variant == "taylor":
         phi = FeatureMap("l2", eps=EPS)
-        return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=EPS, taylor_term=True)
+        return kernel_attention_triton(q, k, v, KernelCore(phi, phi, eps=EPS, taylor_term=True))
     phi = FeatureMap(variant)
-    return kernel_attention_triton(q, k, v, phi_q=phi, phi_k=phi, eps=EPS)
+    return kernel_attention_triton(q, k, v, KernelCore(phi, phi, eps=EPS))
 
 
 def relative_error(actual: Tensor, expected: Tensor) -> float:
@@ -126,6 +127,23 @@ def test_kernel_attention_equals_the_float64_formula(
     expected = reference(variant, *exact)
     expected_grads = torch.autograd.grad(expected, exact, upstream.to(dtype).double())
     assert_close(["out", "∂q", "∂k", "∂v"], [out, *grads], [expected, *expected_grads], TOLERANCE[dtype])
+
+
+def test_backward_gets_no_zero_gradients_for_the_outputs_kept_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager Function leaves the gradients of its saved outputs (context, 1/den, key statistics)
+    unmaterialised: backward receives None for them, not zero tensors made for the purpose."""
+    received: list[list[bool]] = []
+    original = functions.Direct.backward
+
+    def backward(ctx, *grads):
+        received.append([grad is None for grad in grads])
+        return original(ctx, *grads)
+
+    monkeypatch.setattr(functions.Direct, "backward", staticmethod(backward))
+    q, k, v = strided_qkv(8, 16, torch.float32)
+    elu = FeatureMap("elu")
+    kernel_attention_triton(q, k, v, KernelCore(elu, elu, eps=EPS)).sum().backward()
+    assert received == [[False, True, True, True]]
 
 
 def test_a_launch_tuning_keeps_the_result() -> None:
@@ -310,20 +328,20 @@ def test_forcing_triton_on_the_cpu_without_the_interpreter_is_one_error_line(
         RuntimeError, match=r"^SEGATTN_KERNEL=triton without a CUDA device needs TRITON_INTERPRET=1"
     ):
         kernel_backend()
-    monkeypatch.setattr(KERNELS, "INTERPRETED", False)  # as if loaded without the interpreter
+    monkeypatch.setattr(fast_path, "interpreted", lambda: False)  # as if triton ran without the interpreter
     with pytest.raises(
         RuntimeError, match=r"^SEGATTN_KERNEL=triton on a cpu tensor needs TRITON_INTERPRET=1"
     ):
-        use_triton("triton", torch.zeros(1, 1, 4, 16), 16)
+        choose_path("triton", torch.zeros(1, 1, 4, 16), triton_head_dim=16)
 
 
 def test_an_unsupported_head_dim_is_named_when_forced_and_falls_back_otherwise() -> None:
     x = torch.zeros(1, 1, 4, 256, device=DEVICE)
     with pytest.raises(ValueError, match=r"^SEGATTN_KERNEL=triton: head dim 256 is above .* 128"):
-        use_triton("triton", x, 256)
-    assert not use_triton("auto", x, 256)
+        choose_path("triton", x, triton_head_dim=256)
+    assert choose_path("auto", x, triton_head_dim=256) != TRITON
     with pytest.raises(ValueError, match=r"^SEGATTN_KERNEL=triton: head dim 80 \(160 features\) is above"):
-        use_triton("triton", x, 80, widening=2)  # pola's polarity features
+        choose_path("triton", x, triton_head_dim=80, widening=2)  # pola's polarity features
 
 
 def test_the_choice_is_stored_when_the_module_is_built(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import torch
 from export_fixtures import tiny_model, tiny_record
 from PIL import Image
 
-from segattn.attention import ATTENTION_REGISTRY, AttentionBase, attention_class
+from segattn.attention import ATTENTION_REGISTRY, AttentionBase
 from segattn.checkpoints.loading import save_exported
 from segattn.export import main
 
@@ -28,14 +27,9 @@ class SingularValueAttention(AttentionBase):
         return q * torch.linalg.svdvals(k.transpose(-2, -1) @ v).sum(-1, keepdim=True).unsqueeze(-2)
 
 
-class UnscriptableAttention(attention_class("linear")):
-    torchscript: ClassVar[bool] = False
-
-
 @pytest.fixture
 def registered(monkeypatch):
     monkeypatch.setitem(ATTENTION_REGISTRY, "svd", SingularValueAttention)
-    monkeypatch.setitem(ATTENTION_REGISTRY, "unscriptable", UnscriptableAttention)
 
 
 def exported_dir(name: str, path: Path) -> Path:
@@ -55,12 +49,6 @@ def test_variant_that_cannot_export_fails_with_a_message_naming_it(registered, t
     err = capsys.readouterr().err
     assert "attention 'svd' cannot be exported to ONNX" in err and "svd" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "model.onnx").exists()
-
-
-def test_torchscript_flag_false_is_refused_by_name(registered, tmp_path, capsys):
-    args = [f"checkpoint={exported_dir('unscriptable', tmp_path / 'u')}", f"out={tmp_path / 'out'}"]
-    assert main([*args, "format=torchscript"]) == 1
-    assert "attention 'unscriptable' does not support TorchScript" in capsys.readouterr().err
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

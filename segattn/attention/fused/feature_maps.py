@@ -13,8 +13,9 @@ from torch import Tensor
 from .buffers import zero_scalar
 
 
-class FeatureMap:
-    """φ applied per head on [B, h, N, d]; subclasses define the map and its vector-Jacobian product.
+class FusedMap:
+    """A feature map φ of the PyTorch Function, applied per head on [B, h, N, d]; subclasses define the map
+    and its vector-Jacobian product (``functional.FeatureMap.function_map`` builds them by name).
 
     ``saved``: keep φ(x) for backward (maps that cost several passes: exp, softmax, norms); otherwise it
     is recomputed from x (relu, scaling: one pass, and the memory stays free).
@@ -30,7 +31,7 @@ class FeatureMap:
         raise NotImplementedError
 
 
-class EluPlusOne(FeatureMap):
+class EluPlusOne(FusedMap):
     """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), in elementwise passes that write φ once in ``dtype``."""
 
     def forward(self, x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -42,7 +43,7 @@ class EluPlusOne(FeatureMap):
         torch.mul(grad, phi.clamp(max=1), out=out)  # φ'(x) = exp(min(x, 0)) = min(φ(x), 1)
 
 
-class Relu(FeatureMap):
+class Relu(FusedMap):
     """max(x, 0)."""
 
     saved = False
@@ -54,7 +55,7 @@ class Relu(FeatureMap):
         torch.ops.aten.threshold_backward.grad_input(grad, phi, 0, grad_input=out)  # grad where φ > 0
 
 
-class Scale(FeatureMap):
+class Scale(FusedMap):
     """φ(x) = c·x (c = 1: identity)."""
 
     saved = False
@@ -69,7 +70,7 @@ class Scale(FeatureMap):
         torch.mul(grad, self.factor, out=out)
 
 
-class L2Normalize(FeatureMap):
+class L2Normalize(FusedMap):
     """x / max(‖x‖, eps) over the head's channels (F.normalize)."""
 
     def __init__(self, eps: float) -> None:
@@ -89,7 +90,7 @@ class L2Normalize(FeatureMap):
         torch.div(scratch, norm.clamp_min_(self.eps), out=out)
 
 
-class Softmax(FeatureMap):
+class Softmax(FusedMap):
     """softmax over the head's channels (dim=-1) or over the tokens (dim=-2)."""
 
     def __init__(self, dim: int) -> None:

@@ -3,7 +3,7 @@
 focused maps instead of saving them.
 
 The plain formula it optimises is ``FocusedLinearAttention.focus`` + ``functional.focused_linear_attention``
-(taken while tracing, exporting or compiling, or with SEGATTN_FUSED=0: ``fused_switch``).
+(where ``layers.choose_path`` picks PLAIN: while tracing, exporting or compiling, or with SEGATTN_FUSED=0).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Kernel attention as one autograd Function with a hand-written, memory-lean backward pass.
 
 Same math as the plain formulas in ``functional.py`` / ``functional_approx.py`` (the reference, and the
-path taken while tracing, exporting or compiling, or with SEGATTN_FUSED=0: ``fused_switch``), arranged for
-fewer passes over memory:
+path ``layers.choose_path`` picks while tracing, exporting or compiling, or with SEGATTN_FUSED=0),
+arranged for fewer passes over memory:
 
 - feature maps (``feature_maps``, ``random_features``) are written once, head-major and in the
   compute dtype (fp32, or float64 for float64 inputs), straight from the possibly strided / bf16 q, k
@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
 from .buffers import compute_dtype, empty_in_order, heads_batch, zero_scalar
-from .feature_maps import FeatureMap
+from .feature_maps import FusedMap
 
 
 def context(keys: Tensor, v: Tensor, factor: float, normalized: bool) -> Tensor:
@@ -180,8 +180,8 @@ def kernel_attention_fused(
     k: Tensor,
     v: Tensor,
     *,
-    phi_q: FeatureMap,
-    phi_k: FeatureMap,
+    phi_q: FusedMap,
+    phi_k: FusedMap,
     context_scale: float = 1.0,
     eps: float = 0.0,
     normalize: bool = True,

@@ -18,7 +18,7 @@ the split has ended), exactly where the PyTorch path sums them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -28,24 +28,15 @@ from ...parallel import token_count, token_reducer
 from . import ops
 from .ops import MAP_KINDS, heads_view, inverse_scale
 
+if TYPE_CHECKING:
+    from ..functional import KernelCore
+
 __all__ = [
-    "FeatureMap",
     "focused_attention_triton",
     "heads_view",
     "kernel_attention_triton",
     "polarity_attention_triton",
 ]
-
-
-@dataclass(frozen=True)
-class FeatureMap:
-    """A feature map by name for ``kernel_attention_triton``: ``identity`` (φ = scale·x), ``elu`` (elu + 1),
-    ``relu``, ``l2`` (x / max(‖x‖, eps)), ``softmax_channels`` (over the head's d channels) or
-    ``softmax_tokens`` (over the N tokens; keys only, not on a split image)."""
-
-    name: str
-    scale: float = 1.0
-    eps: float = 0.0
 
 
 def run(name: str, *inputs) -> tuple[Tensor, ...]:
@@ -62,6 +53,7 @@ class Direct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name: str, *inputs):
+        ctx.set_materialize_grads(False)  # no zeros for the outputs kept for backward, which get no gradient
         output = getattr(ops, name)(*inputs)
         FORMULAS[name][0](ctx, inputs, output)
         ctx.name, ctx.impl = name, ops
@@ -69,36 +61,22 @@ class Direct(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, *grads):
+    def backward(ctx, grad, *_):
         ctx.needs_input_grad = ctx.needs_input_grad[1:]  # as the formula sees it: without ``name``
-        return None, *FORMULAS[ctx.name][1](ctx, *grads)
+        if grad is None:  # the output had no gradient (only an unused saved output took part)
+            return (None,) * (1 + len(ctx.needs_input_grad))
+        return None, *FORMULAS[ctx.name][1](ctx, grad)
 
 
-def kernel_attention_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    phi_q: FeatureMap,
-    phi_k: FeatureMap,
-    context_scale: float = 1.0,
-    mean: bool = False,
-    eps: float = 0.0,
-    normalize: bool = True,
-    taylor_term: bool = False,
-) -> Tensor:
-    """``fused.kernel.kernel_attention_fused`` on the Triton kernels: per head
-    O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1], c = ``context_scale``, divided
-    by the whole image's token count with ``mean`` (``parallel.token_count``).
-
-    q, k, v: [B, h, N, d] views of any strides in fp32/bf16/fp16 (CUDA, or the CPU under Triton's
-    interpreter); computed in fp32 whatever autocast says; the result has v's shape, dtype and memory
-    order. ``normalize=False``: O = φq(q) S. ``taylor_term``: β = Σ_n v_n, β₀ = N.
-    """
+def kernel_attention_triton(q: Tensor, k: Tensor, v: Tensor, core: KernelCore) -> Tensor:
+    """The kernel-attention ``core`` (``functional.KernelCore``) on the Triton kernels. q, k, v: [B, h, N, d]
+    views of any strides in fp32/bf16/fp16 (CUDA, or the CPU under Triton's interpreter); computed in fp32
+    whatever autocast says; the result has v's shape, dtype and memory order."""
+    phi_q, phi_k = core.query_map, core.key_map
     maps = [MAP_KINDS.index(phi_q.name), MAP_KINDS.index(phi_k.name)]
-    scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, context_scale, eps]
-    tokens = token_count(k.shape[-2]) if mean else 1
-    return run("kernel_attention", q, k, v, maps, scalars, tokens, normalize, taylor_term)[0]
+    scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, 1.0, core.eps]
+    tokens = token_count(k.shape[-2]) if core.mean else 1
+    return run("kernel_attention", q, k, v, maps, scalars, tokens, core.normalize, core.taylor_term)[0]
 
 
 def kernel_setup(ctx, inputs: tuple, output: tuple) -> None:
