@@ -19,10 +19,12 @@ window, inferred strip by strip and written as a tiled GeoTIFF mask with an over
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from omegaconf import DictConfig
 
 from .cli import run_command
@@ -97,31 +99,85 @@ def progress(items: list[Path], description: str) -> Iterator[Path]:
     return iter(track(items, description=description, transient=False))
 
 
-def predict_files(
+class DecodedImages:
+    """The files as a map-style dataset: each one's RGB image (``read_input``), or the line saying why it
+    could not be read."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> np.ndarray | str:
+        try:  # writable, so that the loader hands it over as a tensor in shared memory
+            return np.require(read_input(self.files[index]), requirements="W")
+        except ValueError as error:
+            return str(error)
+
+
+def decoded(files: list[Path], num_workers: int) -> Iterator[np.ndarray | str]:
+    """``DecodedImages`` of ``files`` in order, decoded by ``num_workers`` DataLoader processes (0: in this
+    one) so that decoding overlaps the network; in this process, one by one, where torch is not installed
+    (an ONNX model)."""
+    images = DecodedImages(files)
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return (images[index] for index in range(len(images)))
+    loader = DataLoader(images, batch_size=None, num_workers=num_workers)  # arrays come back as tensors
+    return (item if isinstance(item, str) else item.numpy() for item in loader)
+
+
+def write_outputs(
     model: TrainedModel,
-    inference: dict[str, Any],
-    files: Iterable[Path],
+    done: list[tuple[Path, np.ndarray, np.ndarray]],
     out: Path,
     alpha: float,
     drawn: list[int],
-) -> tuple[int, list[tuple[Path, str]]]:
-    """Masks and overlays (the ``drawn`` classes coloured) for every readable file by ``model.predict``
-    (which shrinks an image as the model was trained); (written count, [(file, reason) for skipped
-    files])."""
-    written, failed = 0, []
-    for path in files:
-        try:
-            rgb = read_input(path)
-        except ValueError as error:
-            print(f"segattn.predict: skipping {path}: {error}", file=sys.stderr)
-            failed.append((path, str(error)))
-            continue
-        mask = model.predict(rgb, **inference)
+) -> None:
+    """The mask and overlay (the ``drawn`` classes coloured) of each (file, RGB image, mask) of ``done``."""
+    for path, rgb, mask in done:
         save_mask(mask, out / "masks" / f"{path.stem}.png")
         save_rgb(
             overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png"
         )
-        written += 1
+
+
+def predict_files(
+    model: TrainedModel,
+    inference: dict[str, Any],
+    files: list[Path],
+    out: Path,
+    alpha: float,
+    drawn: list[int],
+    num_workers: int,
+) -> tuple[int, list[tuple[Path, str]]]:
+    """Masks and overlays (the ``drawn`` classes coloured) for every readable file by ``model.predict``
+    (which shrinks an image as the model was trained), ``inference.batch_size`` consecutive images at a time
+    (batched by size), written by a thread while the next batch runs; (written count, [(file, reason) for
+    skipped files])."""
+    batch_size = model.settings(**inference)["batch_size"] or 1
+    written, failed, batch = 0, [], []
+    pending: Future[None] | None = None
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        for number, (path, image) in enumerate(
+            zip(progress(files, "segmenting"), decoded(files, num_workers), strict=True)
+        ):
+            if isinstance(image, str):
+                print(f"segattn.predict: skipping {path}: {image}", file=sys.stderr)
+                failed.append((path, image))
+            else:
+                batch.append((path, image))
+            if batch and (len(batch) == batch_size or number == len(files) - 1):
+                masks = model.predict([rgb for _, rgb in batch], **inference)
+                if pending is not None:
+                    pending.result()  # one batch written while the next runs: memory stays at two batches
+                done = [(path, rgb, mask) for (path, rgb), mask in zip(batch, masks, strict=True)]
+                pending = writer.submit(write_outputs, model, done, out, alpha, drawn)
+                written, batch = written + len(batch), []
+        if pending is not None:
+            pending.result()
     return written, failed
 
 
@@ -189,7 +245,7 @@ def run(args: DictConfig) -> int:
         planned = planned_outputs(images, rasters, out)
         check_output_names(planned)
         settings = raster_settings(inference, model_path) if rasters else None
-        model = open_model(model_path, args.threads)
+        model = open_model(model_path, args.threads, args.device)
         model.settings(**inference)  # what this model cannot run is refused before the first image
         drawn = drawn_classes(model.record.classes, plain(args.overlay_classes))
         if rasters and model.downsample > 1:
@@ -206,7 +262,7 @@ def run(args: DictConfig) -> int:
         print(f"segattn.predict: {error}", file=sys.stderr)
         return 1
     say_replaced(planned, out)
-    written, failed = predict_files(model, inference, progress(images, "segmenting"), out, args.alpha, drawn)
+    written, failed = predict_files(model, inference, images, out, args.alpha, drawn, args.num_workers)
     streamed = 0
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)

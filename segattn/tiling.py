@@ -14,6 +14,7 @@ from typing import Any
 from .images import as_hw
 
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # inference.precision (segattn.inference.device)
 Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
 NO_WINDOW = "inference.mode=slide needs inference.crop=H or inference.crop=[H,W] (the window size)"
 
@@ -26,6 +27,7 @@ class SlideSettings:
     stride: tuple[int, int]
     crop_batch_size: int = 4
     flip: bool = False
+    precision: str = "auto"  # inference.precision: windows run on the model's device in it
 
 
 Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
@@ -67,7 +69,17 @@ INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval a
         lambda v: isinstance(v, list | tuple) and bool(v) and all(is_number(x) and x > 0 for x in v),
     ),
     "flip": ("true or false", lambda v: isinstance(v, bool)),
+    "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
+    "batch_size": ("null or an integer >= 1", lambda v: v is None or int_at_least(1)(v)),
 }
+# The keys of INFERENCE that say how eval and predict run the network rather than how an image is seen:
+# train's validation (Lightning's precision, data.val_batch_size) and ``infer`` read neither.
+RUNTIME_KEYS = ("precision", "batch_size")
+
+
+def image_settings(inference: Mapping[str, Any]) -> dict[str, Any]:
+    """``inference`` without ``RUNTIME_KEYS``: the keyword arguments of ``infer``."""
+    return {key: value for key, value in inference.items() if key not in RUNTIME_KEYS}
 
 
 def window_starts(size: int, crop: int, stride: int) -> list[int]:
@@ -102,8 +114,8 @@ def default_stride(crop: tuple[int, int]) -> tuple[int, int]:
 
 def slide_settings(inference: Mapping[str, Any]) -> SlideSettings:
     """The ``inference`` config group (plain values) as the settings of an image streamed by window (a
-    raster, strip by strip): window, stride (default half the window), batch and flip. ValueError naming
-    the key when there is no window, or multi-scale TTA, which a stream does not take."""
+    raster, strip by strip): window, stride (default half the window), batch, flip and precision.
+    ValueError naming the key when there is no window, or multi-scale TTA, which a stream does not take."""
     if inference.get("crop") is None:
         raise ValueError(NO_WINDOW)
     if list(inference.get("scales") or [1.0]) != [1.0]:
@@ -118,6 +130,7 @@ def slide_settings(inference: Mapping[str, Any]) -> SlideSettings:
         default_stride(crop) if stride is None else as_hw(stride, "inference.stride"),
         int(inference.get("crop_batch_size", 4)),
         bool(inference.get("flip", False)),
+        str(inference.get("precision", "auto")),
     )
 
 
@@ -129,9 +142,12 @@ def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
 
 
 __all__ = [
+    "PRECISIONS",
+    "RUNTIME_KEYS",
     "SlideSettings",
     "Window",
     "default_stride",
+    "image_settings",
     "scaled_size",
     "slide_settings",
     "slide_windows",

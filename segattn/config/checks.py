@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from ..images import as_hw
+from ..inference.device import DEVICE_FORMS, is_device
 from ..tiling import (
     INFERENCE,
     NO_WINDOW,
@@ -72,6 +73,7 @@ class Schema:
 
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")  # segattn.export.command.FORMATS
 THREADS: dict[str, Rule] = {"threads": ("an integer >= 0 (0: the default)", int_at_least(0))}
+DEVICE: dict[str, Rule] = {"device": (DEVICE_FORMS, is_device)}
 TRAINER: dict[str, Rule] = {
     "trainer.max_epochs": (
         "an integer >= -1 (-1: no limit) or null",
@@ -163,13 +165,21 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
         INFERENCE_SPANS,
     ),
     "eval": Schema(
-        {**DATA, **INFERENCE_RULES, **THREADS, "num_examples": ("an integer >= 0", int_at_least(0))},
+        {
+            **DATA,
+            **INFERENCE_RULES,
+            **THREADS,
+            **DEVICE,
+            "num_examples": ("an integer >= 0", int_at_least(0)),
+        },
         INFERENCE_SPANS,
     ),
     "predict": Schema(
         {
             **INFERENCE_RULES,
             **THREADS,
+            **DEVICE,
+            "num_workers": ("an integer >= 0", int_at_least(0)),
             "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
             "stream": ("true or false", lambda v: isinstance(v, bool)),
         },

@@ -144,9 +144,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     inference = plain(cfg.inference)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads))
+    model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads), str(cfg.device))
     predict, record = predictor(model, inference), model.record
     data = data_config(cfg, record)
+    if inference["batch_size"] is not None:  # images per forward pass; null: as validation batches them
+        data["val_batch_size"] = inference["batch_size"]
     datamodule = SegDataModule(**data)
     check_classes(datamodule, record, cfg)
     metric = SegmentationMetric(record.num_classes, datamodule.ignore_index)

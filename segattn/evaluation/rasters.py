@@ -48,6 +48,7 @@ def score_rasters(
             "or its safetensors export instead of the ONNX model"
         )
     settings = raster_settings(inference)
+    network = model.windows_network(settings.precision)
     samples = source.samples(split)
     if not samples:
         raise ValueError(f"split={split!r} of dataset 'raster' at {source.root} has no rasters")
@@ -58,7 +59,7 @@ def score_rasters(
             image = RasterImage(sample.image)
             try:
                 row, width = 0, image.size[1]
-                for logits in raster_strips(model.network, image, model.record, settings):
+                for logits in raster_strips(network, image, model.record, settings):
                     window = (row, row + logits.shape[1], 0, width)
                     where = f"{sample.mask} at {describe_window(window)}"
                     labels = sample.decoder(read_labels(sample.mask, window), where)

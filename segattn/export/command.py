@@ -67,7 +67,7 @@ def run(args: DictConfig) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)  # PyTorch and onnxruntime (latency report) alike
     try:
-        opened = open_model(args.checkpoint)
+        opened = open_model(args.checkpoint, device="cpu")  # export and its check run on the CPU
         if opened.network is None:
             path = args.checkpoint
             raise ValueError(

@@ -104,7 +104,7 @@ def onnx_attempt(
         )
         onnx.save(proto, str(temp))
     # Opened as eval and predict open it, with torch's thread count: the latency compares like with like.
-    opened = open_model(path, threads=torch.get_num_threads())
+    opened = open_model(path, threads=torch.get_num_threads(), device="cpu")
     fixed = opened.session.fixed_size if opened.session is not None else None
     if dynamic and fixed is not None:  # the batch: checked at 1 and 2
         raise ExportError(

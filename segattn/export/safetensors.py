@@ -21,6 +21,6 @@ def export_safetensors(
     it; must match exactly."""
     name = record.attention
     save_exported(model, record, out)
-    reopened = run_opened(open_model(out))
+    reopened = run_opened(open_model(out, device="cpu"))
     results = compare(ExportWrapper(model).eval(), reopened, check_sizes(*size), 0.0, f"safetensors[{name}]")
     return {"format": "safetensors", "attention": name, "file": str(out / WEIGHTS_FILE), "checks": results}

@@ -14,30 +14,39 @@ import numpy as np
 from ..errors import FileFormatError, one_line
 from ..record import METADATA_KEY, ModelRecord
 from ..tiling import default_stride, slide_windows
+from .device import CUDA_PROVIDER, onnx_providers
 
 ONNX_FILE = "model.onnx"
 
 
 class OnnxSegmentor:
-    """``model.onnx`` in an onnxruntime session; ``record``: the ``ModelRecord`` embedded in it."""
+    """``model.onnx`` in an onnxruntime session on ``device`` (``segattn.inference.device``: the CUDA
+    provider where onnxruntime-gpu has one); ``record``: the ``ModelRecord`` embedded in it; ``device``: where
+    the session runs (``cpu`` or ``cuda:N``)."""
 
-    def __init__(self, path: str | Path, threads: int = 0) -> None:
+    def __init__(self, path: str | Path, threads: int = 0, device: str = "auto") -> None:
         import onnxruntime as ort
 
         path = Path(path)
         self.path = path / ONNX_FILE if path.is_dir() else path
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such ONNX model (python -m segattn.export format=onnx)")
+        providers = onnx_providers(device, ort.get_available_providers())
+        self.threads = threads
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 4  # fatal only: its errors surface as exceptions, said in one line
         again = "export it again with python -m segattn.export format=onnx"
         try:
-            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as error:  # onnxruntime's InvalidProtobuf, InvalidGraph, Fail: no ONNX model
             raise FileFormatError(
                 f"{self.path}: not an ONNX model onnxruntime can load ({one_line(error)}); {again}", self.path
             ) from None
+        on_cuda = CUDA_PROVIDER in self.session.get_providers()
+        if device not in ("auto", "cpu") and not on_cuda:
+            raise ValueError(f"device={device}: onnxruntime-gpu found no CUDA device here; use device=cpu")
+        self.device = f"cuda:{providers[0][1]['device_id']}" if on_cuda else "cpu"
         raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
         self.record = ModelRecord.from_onnx_metadata(raw, self.path)
         self.input_name = self.session.get_inputs()[0].name

@@ -144,7 +144,9 @@ def predict_raster(
                 if on_windows is not None:
                     on_windows(done, total)
 
-            strips = raster_strips(model.network, image, model.record, settings, start, counted)
+            strips = raster_strips(
+                model.windows_network(settings.precision), image, model.record, settings, start, counted
+            )
             row = start
             for logits in strips if start < height else ():  # start == height: only the rename was missing
                 write_rows(files["partial"], row, logits.argmax(dim=0).numpy(), model.record.palette)

@@ -1,5 +1,5 @@
-"""``open_model(path)``: a train.py checkpoint, an exported directory or an ONNX file, opened to run;
-``TrainedModel.predict`` / ``.logits``: one way to run it on an image.
+"""``open_model(path, device=...)``: a train.py checkpoint, an exported directory or an ONNX file, opened to
+run on a device; ``TrainedModel.predict`` / ``.logits``: one way to run it on an image or a batch of them.
 
 eval, predict (streamed rasters included) and export open every model here, so each accepts the same
 files and says the same thing about a wrong one. A checkpoint or a safetensors directory is rebuilt in
@@ -7,8 +7,9 @@ torch (``segattn.checkpoints.loading``, ``weights_only=True``); an ONNX model ge
 and torch is never imported, so predict runs where torch is not installed.
 
     import segattn
-    model = segattn.open_model("outputs/runs/<run>/checkpoints/best.ckpt")
+    model = segattn.open_model("outputs/runs/<run>/checkpoints/best.ckpt")   # device="auto": a GPU if any
     classes = model.predict(rgb)        # numpy uint8 [H, W, 3] (or a path) -> class ids [H, W]
+    masks = model.predict([rgb, path], batch_size=8)   # a list or [N, H, W, 3] -> a list, batched by size
 
 A model trained on shrunk images (``data.downsample`` = f, recorded in the checkpoint) is given the image
 shrunk f times, as in training, and its logits are resized back to the image's size, as eval.py scores.
@@ -16,8 +17,9 @@ shrunk f times, as in training, and its logits are resized back to the image's s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,8 @@ import numpy as np
 
 from ..images import as_hw, shrink_image
 from ..record import WEIGHTS_FILE, ModelRecord
-from ..tiling import INFERENCE
+from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
+from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
 from .onnx import ONNX_FILE, OnnxSegmentor, infer_numpy
 
@@ -38,34 +41,53 @@ INFERENCE_DEFAULTS: dict[str, Any] = {
     "crop_batch_size": 4,
     "scales": [1.0],
     "flip": False,
+    "precision": "auto",
+    "batch_size": None,
 }
 
 if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
     from torch.nn import Module
 
 
 @dataclass(frozen=True)
 class TrainedModel:
     """An opened model: what it is (``record``), the file it came from (``path``; for ONNX the .onnx file),
-    its ``format`` (``checkpoint``, ``safetensors`` or ``onnx``) and what runs it: ``network``, the
-    Segmentor in eval mode on the CPU, or ``session``, the onnxruntime session of an ONNX model."""
+    its ``format`` (``checkpoint``, ``safetensors`` or ``onnx``), what runs it (``network``, the Segmentor in
+    eval mode, or ``session``, the onnxruntime session of an ONNX model) and where (``device``: ``cpu`` or
+    ``cuda:N``)."""
 
     record: ModelRecord
     path: Path
     format: str
     network: Module | None = None
     session: OnnxSegmentor | None = None
+    device: str = "cpu"
 
     @property
     def downsample(self) -> int:
         """The shrink factor the model was trained at (``data.downsample``; 1 when not recorded)."""
         return self.record.downsample
 
+    def to(self, device: str) -> TrainedModel:
+        """This model on ``device`` (auto, cpu, cuda, cuda:N; ``segattn.inference.device``): the network
+        moved there (it is shared with this one), or an ONNX model's session rebuilt with that provider."""
+        if self.session is not None:
+            session = OnnxSegmentor(self.path, self.session.threads, device)
+            return replace(self, session=session, device=session.device)
+        where = torch_device(device)
+        return replace(self, network=self.network.to(where), device=where)
+
     def settings(self, **inference: Any) -> dict[str, Any]:
-        """``INFERENCE_DEFAULTS``, overlaid with the settings the model was validated with (where its record
-        has them), overlaid with ``inference``; a ValueError naming the key for an unknown setting or one
-        this model cannot run (multi-scale testing of an ONNX model)."""
-        recorded = {k: v for k, v in (self.record.inference or {}).items() if k in INFERENCE_DEFAULTS}
+        """``INFERENCE_DEFAULTS``, overlaid with how the model was validated (where its record has it),
+        overlaid with ``inference``; a ValueError naming the key for an unknown setting or one this model
+        cannot run here (multi-scale testing of an ONNX model, a precision its device lacks)."""
+        recorded = {
+            key: value
+            for key, value in (self.record.inference or {}).items()
+            if key in INFERENCE_DEFAULTS and key not in RUNTIME_KEYS
+        }
         settings = inference_settings({**recorded, **inference})
         if self.session is not None and list(settings["scales"]) != [1.0]:
             raise ValueError(
@@ -73,12 +95,25 @@ class TrainedModel:
                 f"use the checkpoint or its safetensors export instead of {self.path}, or set "
                 "inference.scales=[1.0]"
             )
+        self.precision(settings)
         return settings
+
+    def precision(self, settings: dict[str, Any]) -> str:
+        """``inference.precision`` of ``settings`` on this model's device (``resolved_precision``)."""
+        bf16_supported = False
+        if self.device.startswith("cuda") and self.network is not None:
+            import torch
+
+            bf16_supported = torch.cuda.is_bf16_supported()
+        return resolved_precision(
+            settings["precision"], self.device, self.session is not None, bf16_supported
+        )
 
     def run(self, images: np.ndarray, **inference: Any) -> np.ndarray:
         """float32 logits [B, K, h, w] of normalised float32 ``images`` [B, 3, h, w], at their own size, by
-        ``inference`` (the config group's keys): torch for a checkpoint or safetensors export, onnxruntime
-        for ONNX. No shrinking here: eval's datasets shrink as training did; ``logits`` shrinks an image."""
+        ``inference`` (the config group's keys): torch on the model's device for a checkpoint or safetensors
+        export, onnxruntime for ONNX. No shrinking here: eval's datasets shrink as training did; ``logits``
+        shrinks an image."""
         settings = self.settings(**inference)
         if self.session is not None:
             crop, stride = settings["crop"], settings["stride"]
@@ -91,20 +126,49 @@ class TrainedModel:
                 int(settings["crop_batch_size"]),
                 bool(settings["flip"]),
             ).astype(np.float32, copy=False)
+        return self.run_torch(images, settings).cpu().numpy()
+
+    def run_torch(
+        self, images: np.ndarray, settings: dict[str, Any], size: tuple[int, int] | None = None
+    ) -> Tensor:
+        """``run``'s torch path: fp32 logits on the model's device, under autocast in ``settings``'
+        precision, resized bilinearly (half-pixel centres, as validation scores a shrunk model) to
+        ``size``."""
         import torch
+        import torch.nn.functional as F
 
         from .infer import infer
 
-        with torch.inference_mode():
-            logits = infer(self.network, torch.from_numpy(images), self.record.num_classes, **settings)
-        return logits.float().numpy()
+        with torch.inference_mode(), self.autocast(settings):
+            tensor = torch.from_numpy(images).to(self.device)
+            logits = infer(self.network, tensor, self.record.num_classes, **image_settings(settings)).float()
+            if size is not None and tuple(logits.shape[-2:]) != size:
+                logits = F.interpolate(logits, size, mode="bilinear", align_corners=False)
+        return logits
 
-    def logits(self, image: np.ndarray | str | Path, **inference: Any) -> np.ndarray:
-        """float32 logits [K, H, W] of one RGB image (uint8 [H, W, 3], or a path read as training reads
-        it) at its own size: normalised by the record's statistics, shrunk by ``downsample`` and the logits
-        resized back (bilinear, as eval.py scores a shrunk model), predicted by ``inference``."""
-        rgb = read_input(Path(image)) if isinstance(image, str | Path) else check_rgb(image)
-        height, width = rgb.shape[:2]
+    def autocast(self, settings: dict[str, Any]) -> torch.autocast:
+        """torch's autocast on this model's device in ``settings``' precision (off for fp32)."""
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision(settings))
+        return torch.autocast(self.device.partition(":")[0], dtype=dtype, enabled=dtype is not None)
+
+    def windows_network(self, precision: str = "auto") -> Callable[[Tensor], Tensor]:
+        """The torch network for windows held on the host (streamed rasters): moved to the model's device,
+        run in ``precision`` (``inference.precision``), fp32 logits back on the host."""
+        autocast = self.autocast(self.settings(precision=precision))
+
+        def run(windows: Tensor) -> Tensor:
+            with autocast:
+                return self.network(windows.to(self.device)).float().cpu()
+
+        return run
+
+    def batch_logits(self, rgbs: list[np.ndarray], settings: dict[str, Any]) -> Any:
+        """float32 logits [B, K, H, W] of RGB images of one size (a torch tensor on the model's device, or
+        numpy for ONNX): normalised by the record's statistics, shrunk by ``downsample`` and the logits
+        resized back, predicted by ``settings``."""
+        height, width = rgbs[0].shape[:2]
         factor = self.downsample
         if factor > 1 and (height % factor or width % factor):
             raise ValueError(
@@ -112,41 +176,106 @@ class TrainedModel:
                 f"multiple of {factor} on each side; the model was trained on images shrunk {factor}x, so "
                 f"crop or pad the image to a multiple of {factor}"
             )
-        small = shrink_image(rgb, factor)
-        logits = self.run(normalize(small, self.record.mean, self.record.std), **inference)
+        mean, std = self.record.mean, self.record.std
+        images = np.concatenate([normalize(shrink_image(rgb, factor), mean, std) for rgb in rgbs])
+        if self.session is None:
+            return self.run_torch(images, settings, (height, width))
+        logits = self.run(images, **settings)
         if factor == 1:
-            return logits[0]
-        return resized_logits(logits[0], height, width, torch_path=self.network is not None)
+            return logits
+        resize = partial(cv2_resize, width=width, height=height)
+        return np.stack([np.stack([resize(plane) for plane in image]) for image in logits])
 
-    def predict(
-        self, image: np.ndarray | str | Path, probabilities: bool = False, **inference: Any
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Class ids [H, W] (uint8 up to 256 classes, else int64) of one RGB image (``logits``); with
-        ``probabilities`` also the softmax over classes, float32 [K, H, W]."""
+    def batches(
+        self, images: Images, inference: dict[str, Any]
+    ) -> tuple[Iterator[tuple[list[int], Any]], bool]:
+        """((indices, ``batch_logits`` of those images) for each batch, whether ``images`` was one image):
+        the images in batches of ``inference.batch_size`` (null: 1) of one size each, run as they are read."""
+        rgbs, single = image_list(images)
+        settings = self.settings(**inference)
+        groups = size_batches(rgbs, settings["batch_size"] or 1)
+        return (
+            (indices, self.batch_logits([rgbs[i] for i in indices], settings)) for indices in groups
+        ), single
+
+    def logits(self, images: Images, **inference: Any) -> np.ndarray | list[np.ndarray]:
+        """float32 logits [K, H, W] of one RGB image (uint8 [H, W, 3], or a path read as training reads it)
+        at its own size (``batch_logits``); a list of them for a list of images or an [N, H, W, 3] array."""
+        batches, single = self.batches(images, inference)
+        results = scattered((indices, list(as_numpy(logits))) for indices, logits in batches)
+        return results[0] if single else results
+
+    def predict(self, images: Images, probabilities: bool = False, **inference: Any) -> Any:
+        """Class ids [H, W] (uint8 up to 256 classes, else int64) of one RGB image (``logits``), or a list for
+        a list of images or an [N, H, W, 3] array; with ``probabilities`` each is (ids, the softmax over
+        classes, float32 [K, H, W])."""
         if not isinstance(probabilities, bool):
             raise ValueError(f"probabilities={probabilities!r}: expected True or False")
-        logits = self.logits(image, **inference)
-        ids = logits.argmax(axis=0)
-        ids = ids.astype(np.uint8 if self.record.num_classes <= 256 else np.int64)
-        if not probabilities:
-            return ids
-        shifted = np.exp(logits - logits.max(axis=0, keepdims=True))
-        return ids, shifted / shifted.sum(axis=0, keepdims=True)
+        dtype = np.uint8 if self.record.num_classes <= 256 else np.int64
+        batches, single = self.batches(images, inference)
+        per_batch = []
+        for indices, logits in batches:
+            ids = as_numpy(logits.argmax(1)).astype(dtype)
+            if probabilities:
+                scores = as_numpy(logits)
+                shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+                softmax = shifted / shifted.sum(axis=1, keepdims=True)
+                per_batch.append((indices, list(zip(ids, softmax, strict=True))))
+            else:
+                per_batch.append((indices, list(ids)))
+        results = scattered(per_batch)
+        return results[0] if single else results
 
 
-def resized_logits(logits: np.ndarray, height: int, width: int, torch_path: bool) -> np.ndarray:
-    """Logits [K, h, w] resized bilinearly (half-pixel centres) to [K, height, width]: with torch's
-    ``interpolate`` where the model runs in torch, which is how validation and eval.py score a shrunk
-    model, so predict gives the masks they score; with OpenCV per class for an ONNX model (no torch)."""
-    if torch_path:
-        import torch
-        import torch.nn.functional as F
+Images = np.ndarray | str | Path | Sequence[np.ndarray | str | Path]
 
-        tensor = torch.from_numpy(logits)[None]
-        return F.interpolate(tensor, (height, width), mode="bilinear", align_corners=False)[0].numpy()
+
+def is_one_image(images: Images) -> bool:
+    """One image: a path, or an array that is not [N, H, W, 3]."""
+    return isinstance(images, str | Path) or (isinstance(images, np.ndarray) and images.ndim != 4)
+
+
+def image_list(images: Images) -> tuple[list[np.ndarray], bool]:
+    """(RGB uint8 [H, W, 3] arrays, whether ``images`` was one image) of a path or an array, a list of
+    them, or an [N, H, W, 3] array; paths are read as training reads them."""
+    one = is_one_image(images)
+    items = [images] if one else list(images)
+    return [
+        read_input(Path(item)) if isinstance(item, str | Path) else check_rgb(item) for item in items
+    ], one
+
+
+def size_batches(rgbs: list[np.ndarray], batch_size: int) -> list[list[int]]:
+    """Indices of ``rgbs`` grouped by image size (in order of first appearance), ``batch_size`` at most."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, rgb in enumerate(rgbs):
+        groups.setdefault(rgb.shape, []).append(index)
+    return [
+        part[start : start + batch_size]
+        for part in groups.values()
+        for start in range(0, len(part), batch_size)
+    ]
+
+
+def scattered(batches: Iterable[tuple[list[int], list[Any]]]) -> list[Any]:
+    """The results of ``batches`` ((indices, one result per index)) back in the images' order."""
+    placed = {
+        index: result for indices, results in batches for index, result in zip(indices, results, strict=True)
+    }
+    return [placed[index] for index in range(len(placed))]
+
+
+def as_numpy(values: Any) -> np.ndarray:
+    """A numpy array of a torch tensor (copied to the host) or of a numpy array (itself)."""
+    return values if isinstance(values, np.ndarray) else values.cpu().numpy()
+
+
+def cv2_resize(plane: np.ndarray, height: int, width: int) -> np.ndarray:
+    """One float32 plane resized bilinearly (half-pixel centres) with OpenCV: an ONNX model's logits of a
+    shrunk image, without torch."""
     import cv2
 
-    return np.stack([cv2.resize(c, (width, height), interpolation=cv2.INTER_LINEAR) for c in logits])
+    return cv2.resize(plane, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 def inference_settings(inference: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,12 +315,13 @@ def is_onnx(path: Path) -> bool:
     return path.suffix == ".onnx"
 
 
-def open_model(path: str | Path, threads: int = 0) -> TrainedModel:
+def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> TrainedModel:
     """Open ``path``: a train.py checkpoint, an exported safetensors directory or an ONNX model (a .onnx
-    file, or a directory holding model.onnx alone); ``threads`` sets onnxruntime's (0: its default).
+    file, or a directory holding model.onnx alone), to run on ``device`` (auto: the first CUDA device if
+    there is one, else the CPU; cpu, cuda, cuda:N); ``threads`` sets onnxruntime's (0: its default).
 
-    Raises FileNotFoundError for a missing path and ValueError for a file that is not such a model, one
-    line naming the path and what was expected.
+    Raises FileNotFoundError for a missing path and ValueError for a file that is not such a model or a
+    device this machine lacks, one line naming the path or setting and what was expected.
     """
     path = Path(path)
     if not path.exists():
@@ -200,15 +330,14 @@ def open_model(path: str | Path, threads: int = 0) -> TrainedModel:
             "safetensors directory or a model.onnx"
         )
     if is_onnx(path):
-        session = OnnxSegmentor(path, threads)
-        return TrainedModel(session.record, session.path, "onnx", session=session)
+        session = OnnxSegmentor(path, threads, device)
+        return TrainedModel(session.record, session.path, "onnx", session=session, device=session.device)
     from ..checkpoints.loading import load_checkpoint, load_exported
 
-    if path.is_dir():
-        network, record = load_exported(path)
-        return TrainedModel(record, path, "safetensors", network=network)
-    network, record = load_checkpoint(path)
-    return TrainedModel(record, path, "checkpoint", network=network)
+    where = torch_device(device)  # a device this machine lacks is refused before the model is read
+    network, record = load_exported(path) if path.is_dir() else load_checkpoint(path)
+    kind = "safetensors" if path.is_dir() else "checkpoint"
+    return TrainedModel(record, path, kind, network=network.to(where), device=where)
 
 
 __all__ = ["INFERENCE_DEFAULTS", "TrainedModel", "inference_settings", "is_onnx", "open_model"]

@@ -20,6 +20,7 @@ from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetri
 from ..inference.infer import infer
 from ..parallel import band_forward
 from ..record import ModelRecord
+from ..tiling import image_settings
 from .chunked_loss import chunked_seg_loss
 from .spatial import band_group_of, band_loss, share_batch
 
@@ -55,7 +56,7 @@ class SegmentationModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.record = record
-        self.inference = dict(inference or {})
+        self.inference = image_settings(inference or {})  # precision and batch_size are eval's and predict's
         self.val_metric = SegmentationMetric(model.num_classes, record.ignore_index)
         self.test_metric = SegmentationMetric(model.num_classes, record.ignore_index)
         ap_options = {"ignore_index": record.ignore_index, **(average_precision or {})}

@@ -72,6 +72,16 @@ def test_eval_reproduces_the_validation_loop_and_writes_its_report(trained, tmp_
     assert json.loads((tmp_path / "metrics.json").read_text())["inference"]["mode"] == "whole"
 
 
+def test_eval_on_the_cpu_in_batches_keeps_the_validation_scores(trained, tmp_path):
+    """device=cpu and four whole images per forward pass: the scores of the last validation, unchanged."""
+    overrides = ("device=cpu", "inference.batch_size=4", "inference.precision=fp32", "split=val")
+    payload = evaluate(eval_config(tmp_path, f"checkpoint={trained['last_checkpoint']}", *overrides))
+    assert (payload["summary"]["mIoU"], payload["summary"]["mAP"]) == (
+        trained["final"]["mIoU"],
+        trained["final"]["mAP"],
+    )
+
+
 def test_eval_of_the_test_split_matches_test_after_fit(trained, tmp_path):
     payload = evaluate(eval_config(tmp_path, f"checkpoint={trained['best_checkpoint']}"))
     assert payload["split"] == "test"
@@ -121,6 +131,11 @@ def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
         (["split=holdout"], "split='holdout': synthetic has splits ['train', 'val', 'test'], not 'holdout'"),
         (["data=camvid", "data.root=."], "predicts 5 classes but dataset 'camvid' has 11 (sky, building,"),
         (["inference.mode=tiles"], "inference.mode='tiles': expected one of whole, slide"),
+        (["device=cuda:1"] if not torch.cuda.is_available() else ["device=cuda:99"], "CUDA device"),
+        (
+            ["device=cpu", "inference.precision=fp16"],
+            "inference.precision=fp16 on device=cpu: half precision",
+        ),
     ],
 )
 def test_bad_inputs_name_the_value(trained, tmp_path, overrides, message):
