@@ -137,9 +137,10 @@ def score_loader(
     return examples
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
-    check_values(cfg, "eval")
+def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
+    """Check ``cfg``'s values once (``config.check_values``, keys typed by ``defaults`` where given), load
+    the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
+    check_values(cfg, "eval", defaults)
     inference = plain(cfg.inference)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))

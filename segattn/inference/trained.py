@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..images import as_hw, shrink_image
+from ..images import as_hw, indivisible, shrink_image
 from ..record import WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE
 from .image_io import normalize, read_input
@@ -106,11 +106,10 @@ class TrainedModel:
         rgb = read_input(Path(image)) if isinstance(image, str | Path) else check_rgb(image)
         height, width = rgb.shape[:2]
         factor = self.downsample
-        if factor > 1 and (height % factor or width % factor):
+        if problem := indivisible(height, width, factor):
             raise ValueError(
-                f"data.downsample={factor} (recorded in {self.path}): the image is {width}x{height}, not a "
-                f"multiple of {factor} on each side; the model was trained on images shrunk {factor}x, so "
-                f"crop or pad the image to a multiple of {factor}"
+                f"data.downsample={factor} (recorded in {self.path}): the image {problem}; the model was "
+                f"trained on images shrunk {factor}x, so crop or pad the image to a multiple of {factor}"
             )
         small = shrink_image(rgb, factor)
         logits = self.run(normalize(small, self.record.mean, self.record.std), **inference)
