@@ -75,7 +75,7 @@ def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfi
         )
 
 
-def build_loader(datamodule: SegDataModule, split: str, data: dict[str, Any]) -> DataLoader:
+def build_loader(datamodule: SegDataModule, split: str) -> DataLoader:
     """The split with the evaluation transform, batched as validation batches it."""
     try:
         dataset = datamodule.source.dataset(split, datamodule.eval_transform)
@@ -85,9 +85,9 @@ def build_loader(datamodule: SegDataModule, split: str, data: dict[str, Any]) ->
         raise ValueError(f"split={split!r} of dataset {datamodule.name!r} has no images")
     return DataLoader(
         dataset,
-        batch_size=int(data.get("val_batch_size", 1)),
+        batch_size=datamodule.val_batch_size,
         shuffle=False,
-        num_workers=int(data.get("num_workers", 0)),
+        num_workers=datamodule.num_workers,
         collate_fn=partial(seg_collate, ignore_index=datamodule.ignore_index),
     )
 
@@ -165,7 +165,7 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
                 lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
             )  # fmt: skip
     else:
-        loader = build_loader(datamodule, str(cfg.split), data)
+        loader = build_loader(datamodule, str(cfg.split))
         images = len(loader.dataset)
         examples = score_loader(predict, loader, metric, ap, record, int(cfg.num_examples), str(cfg.split))
     confusion = metric.confusion.numpy()
