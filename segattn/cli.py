@@ -283,18 +283,20 @@ class OutputFolder:
             remove_empty_run_dir(self.out, self.keep)
 
 
-def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+def hydra_app(config_name: str, run: Callable[[DictConfig, DictConfig], Any]) -> Callable[[], Any]:
     """A Hydra application (run dir, sweeps, Hydra's ``--help``) around ``run``, with one rule at its
     boundary: a refused command leaves nothing behind.
 
     Before Hydra makes the run dir, ``check_command_line`` refuses what Hydra would fail on or put in the
-    wrong place. Inside the job, log-file records are held in memory (``runlog``) until the run commits,
-    once every check has passed. Errors a user can fix (``refusal``: bad values, missing files, bad data, a
-    full disk, a run dir another run holds) are one line on stderr and
-    status 1; the held records are dropped and the run dir Hydra made is removed, with the parents it made
-    under ``paths.log_dir``, while they are empty (so a run dir that already held a run is left as it was).
-    An error from a DataLoader worker prints the worker's message, its traceback goes to the log;
-    ``HYDRA_FULL_ERROR=1`` shows the traceback instead. ``NothingToDo`` prints its line, status 0."""
+    wrong place. ``run(cfg, defaults)`` checks the values first, once (``config.check_values``, its keys
+    typed by ``defaults``: ``defaults_config``), as a test calling it directly does. Inside the job,
+    log-file records are held in memory (``runlog``) until the run commits, once every check has passed.
+    Errors a user can fix (``refusal``: bad values, missing files, bad data, a full disk, a run dir another
+    run holds) are one line on stderr and status 1; the held records are dropped and the run dir Hydra
+    made is removed, with the parents it made under ``paths.log_dir``, while they are empty (so a run dir
+    that already held a run is left as it was). An error from a DataLoader worker prints the worker's
+    message, its traceback goes to the log; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+    ``NothingToDo`` prints its line, status 0."""
 
     existed: dict[str, Path | None] = {"folder": None}  # the run dir's nearest folder before the command
 
@@ -305,8 +307,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     def main(cfg: DictConfig) -> Any:
         runlog.hold()
         try:
-            check_values(cfg, config_name, defaults_config(config_name, HydraConfig.get().overrides.task))
-            result = run(cfg)
+            result = run(cfg, defaults_config(config_name, HydraConfig.get().overrides.task))
         except NothingToDo as done:
             runlog.discard()
             remove_run_dir(cfg)
@@ -351,18 +352,18 @@ def remove_empty_run_dir(run_dir: Path, keep: Path) -> None:
         folder.rmdir()
 
 
-def train_run(cfg: DictConfig) -> float | None:
+def train_run(cfg: DictConfig, defaults: DictConfig) -> float | None:
     """Train; the best val mIoU is the value a Hydra sweeper optimises."""
     from .training.run import run
 
-    return run(cfg)["best_mIoU"]
+    return run(cfg, defaults)["best_mIoU"]
 
 
-def eval_run(cfg: DictConfig) -> float | None:
+def eval_run(cfg: DictConfig, defaults: DictConfig) -> float | None:
     """Evaluate; the mIoU is the value a Hydra sweeper optimises."""
     from .evaluation.command import run
 
-    return run(cfg)["summary"]["mIoU"]
+    return run(cfg, defaults)["summary"]["mIoU"]
 
 
 train = hydra_app("train", train_run)  # train.py, segattn-train

@@ -3,7 +3,9 @@
 Composes the same Hydra config as train.py, reads every file of the train/val/test splits, prints
 counts, image sizes and the label histogram per class, then lists every problem found (unreadable or
 truncated files, image/mask size mismatches, missing masks, unknown label values, 0/255 binary masks,
-empty splits). Exit status: 0 clean, 1 problems found, 2 the configuration itself is wrong.
+empty splits) and what train.py's checks of the training images refuse (``training.preflight.train_sizes``:
+whole images of mixed sizes at a batch size above 1, images ``data.downsample`` does not divide). Exit
+status: 0 clean, 1 problems found, 2 the configuration itself is wrong.
 
 The command (composing the config, the one-line errors) lives here with the other commands; the scan and
 the report it prints are ``segattn.data.scan``'s, so the data package imports nothing from the commands.
@@ -21,6 +23,8 @@ from .cli import compose_command, run_command
 from .config import plain
 from .data.datamodule import SegDataModule
 from .data.scan import format_report, scan_splits
+from .images import DataError
+from .training.preflight import train_sizes
 
 GROUPS = ("data", "paths")  # what the doctor reads; other overrides are reported and skipped
 
@@ -60,8 +64,23 @@ def run(cfg: DictConfig) -> int:
         print(f"data doctor: configuration error: {err}", file=sys.stderr)
         return 2
     reports = scan_splits(datamodule)
+    refused = training_refusal(datamodule)
+    if refused is not None:
+        next(r for r in reports if r.split == datamodule.splits["train"]).problems.append(refused)
     print(format_report(datamodule, kwargs.get("root"), reports))
     return 1 if any(r.problems for r in reports) else 0
+
+
+def training_refusal(datamodule: SegDataModule) -> str | None:
+    """What train.py would refuse in this configuration's training images before training
+    (``train_sizes``), or None; unreadable files are left to the scan, which names each."""
+    try:
+        train_sizes(datamodule)
+    except DataError:
+        return None
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 if __name__ == "__main__":

@@ -230,6 +230,24 @@ def write_classes(directory: Path, names: list[str], palette: list[Color]) -> No
     atomic_write_text(directory / CLASSES_FILE, json.dumps({"classes": classes}, indent=2) + "\n")
 
 
+DOWNSAMPLE = "an integer >= 1 (1: full resolution)"  # what data.downsample must be
+
+
+def is_downsample(value: object) -> bool:
+    """``value`` is a valid ``data.downsample`` (``DOWNSAMPLE``): the schema's rule and the folder
+    dataset's."""
+    return isinstance(value, Integral) and not isinstance(value, bool) and value >= 1
+
+
+def indivisible(height: int, width: int, factor: int) -> str | None:
+    """Why an image of ``height`` × ``width`` cannot be shrunk by ``factor`` (``data.downsample``), or None:
+    a side ``factor`` does not divide. Training refuses such an image as predict does, since a model
+    trained on it would be refused every image of its own dataset."""
+    if height % factor or width % factor:
+        return f"is {width}x{height}, not a multiple of {factor} on each side"
+    return None
+
+
 def shrunk_size(height: int, width: int, factor: int) -> tuple[int, int]:
     """The size of a ``height`` × ``width`` image shrunk by ``factor``: each side rounded, at least 1."""
     return max(1, round(height / factor)), max(1, round(width / factor))
@@ -248,6 +266,7 @@ def shrink_image(image: np.ndarray, factor: int) -> np.ndarray:
 
 __all__ = [
     "CLASSES_FILE",
+    "DOWNSAMPLE",
     "IGNORE_INDEX",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -259,6 +278,8 @@ __all__ = [
     "ImageTooLargeError",
     "as_hw",
     "default_palette",
+    "indivisible",
+    "is_downsample",
     "is_raster",
     "read_classes",
     "read_color_mask",

@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
-from ..images import as_hw
+from ..images import DOWNSAMPLE, as_hw, is_downsample
 from ..inference.device import DEVICE_FORMS, is_device
 from ..tiling import (
     INFERENCE,
@@ -106,6 +106,7 @@ DATA: dict[str, Rule] = {
     "data.val_batch_size": ("an integer >= 1", int_at_least(1)),
     "data.num_workers": ("an integer >= 0", int_at_least(0)),
     "data.crop_size": (f"{SIZE}, or null (train on whole images)", optional_size),
+    "data.downsample": (DOWNSAMPLE, is_downsample),
     "data.image_size": (SIZE, positive_size),
     "data.window_size": (SIZE, positive_size),
     "data.windows_per_split": ("an integer >= 1", int_at_least(1)),
@@ -257,8 +258,9 @@ def check_values(cfg: DictConfig, command: str, defaults: DictConfig | None = No
     """Every key of ``command``'s schema (``SCHEMAS``) present in ``cfg`` has a value of the expected type
     and range, every other key the type of its default in ``defaults`` (``default_types``), and the
     settings that span keys agree (all problems are listed in one line); required keys (``???``) are set,
-    and an ``out`` directory can be written. Every command runs this on its composed config before
-    anything else (``segattn.cli``)."""
+    and an ``out`` directory can be written. Every command runs this once, on its composed config, before
+    anything else: ``cli.run_command`` for export, predict and the doctor; train's and eval's ``run`` (first
+    thing, given the defaults by ``cli.hydra_app``) for theirs."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")

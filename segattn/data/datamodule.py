@@ -132,7 +132,8 @@ class SegDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
         self.validate = validate
-        self.crop_size = None if crop_size is None else as_hw(crop_size, "data.crop_size")
+        self.crop_size = None if crop_size is None else as_hw(crop_size, "data.crop_size")  # parsed once
+        self.downsample = int(getattr(self.source, "downsample", 1))  # the shrink of a folder dataset
         self.ratio_range = list(ratio_range)
         if crop_size is None and base_size is not None:
             raise ValueError(
@@ -143,7 +144,7 @@ class SegDataModule(pl.LightningDataModule):
         self.size_divisor = size_divisor  # whole-image batches are padded to a multiple of it
         self.reads_windows = bool(getattr(self.source, "reads_windows", False))  # crops read as windows
         self.train_transform = build_train_transform(
-            crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,
+            self.crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,
             self.ignore_index, vflip, rotate, cropped=self.reads_windows,
         )  # fmt: skip
         self.eval_transform = build_eval_transform(eval_short_side, mean, std)
@@ -186,7 +187,8 @@ class SegDataModule(pl.LightningDataModule):
 
     def train_image_sizes(self) -> dict[tuple[int, int], list[str]]:
         """The training images by (height, width) as the model sees them before cropping or padding (after
-        ``downsample``; read from the file headers), each size with the images that have it."""
+        ``downsample``; read from the file headers), each size with the images that have it. An image whose
+        sides ``downsample`` does not divide is a ValueError naming it."""
         if "train" not in self.datasets:
             self.setup("fit")
         dataset = self.datasets["train"]

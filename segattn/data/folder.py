@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..images import CLASSES_FILE, IMAGE_SUFFIXES, ClassList, Color, DataError, default_palette, read_classes
+from ..images import (
+    CLASSES_FILE,
+    DOWNSAMPLE,
+    IMAGE_SUFFIXES,
+    ClassList,
+    Color,
+    DataError,
+    default_palette,
+    is_downsample,
+    read_classes,
+)
 from .base import FileLayout, Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
 from .labels import ColorMap, LabelMap
@@ -52,8 +62,8 @@ class FolderLayout(FileLayout):
         background_class: int = 0,
     ):
         super().__init__(root)
-        if not isinstance(downsample, int) or downsample < 1:
-            raise ValueError(f"data.downsample={downsample!r}; expected an integer >= 1 (1: full resolution)")
+        if not is_downsample(downsample):
+            raise ValueError(f"data.downsample={downsample!r}; expected {DOWNSAMPLE}")
         if not 0.0 <= foreground_prob <= 1.0:
             raise ValueError(f"data.foreground_prob={foreground_prob!r}; expected a probability in [0, 1]")
         self.cache = DecodedCache(cache_dir)

@@ -23,7 +23,7 @@ import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.core.transforms_interface import DualTransform
 
-from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, as_hw
+from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 
 
 class RandomResize(DualTransform):
@@ -112,7 +112,7 @@ class CatMaxRatioCrop(BaseCrop):
 
 
 def build_train_transform(
-    crop_size: int | Sequence[int] | None,
+    crop_size: tuple[int, int] | None,
     ratio_range: Sequence[float] = (0.5, 2.0),
     base_size: Sequence[int] | None = None,
     cat_max_ratio: float = 0.75,
@@ -125,13 +125,13 @@ def build_train_transform(
     rotate: float = 0.0,
     cropped: bool = False,
 ) -> A.Compose:
-    """The training pipeline; ``crop_size`` is [height, width] (or an int for squares), or None for whole
-    images (no resize, crop or padding: ``ratio_range``, ``base_size`` and ``cat_max_ratio`` are unused).
+    """The training pipeline; ``crop_size`` is (height, width) (``SegDataModule.crop_size``), or None for
+    whole images (no resize, crop or padding: ``ratio_range``, ``base_size``, ``cat_max_ratio`` unused).
     ``rotate``: the largest angle in degrees of a random rotation (half the items; corners filled with 0
     and the ignore index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no
     crop)."""
     whole = crop_size is None
-    h, w = (0, 0) if whole else as_hw(crop_size, "data.crop_size")
+    h, w = crop_size or (0, 0)
     cropped = cropped or whole
     steps: list[Any] = []
     if not cropped and (base_size is not None or tuple(ratio_range) != (1.0, 1.0)):

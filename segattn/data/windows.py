@@ -30,7 +30,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..images import IGNORE_INDEX, Color, read_image_size, shrunk_size
+from ..images import IGNORE_INDEX, Color, indivisible, read_image_size, shrunk_size
 from .base import Sample, SegDatasetBase, Transform
 from .decoded import DecodedCache
 
@@ -58,8 +58,18 @@ class CachedDataset(SegDatasetBase):
         return str(self.samples[index].image)
 
     def image_size(self, index: int) -> tuple[int, int]:
-        """The size of the image shrunk by ``factor``, from the source file's header."""
-        return shrunk_size(*read_image_size(self.samples[index].image), self.factor)
+        """The size of the image shrunk by ``factor``, from the source file's header. An image whose sides
+        ``factor`` does not divide is a ValueError (``images.indivisible``): predict refuses such images,
+        so a model trained on them could not segment its own dataset."""
+        height, width = read_image_size(self.samples[index].image)
+        if problem := indivisible(height, width, self.factor):
+            raise ValueError(
+                f"data.downsample={self.factor}: training image {self.describe(index)} {problem}; a model "
+                f"trained on images shrunk {self.factor}x predicts only such multiples: set a "
+                f"data.downsample that divides every training image, or crop the images to multiples of "
+                f"{self.factor}"
+            )
+        return shrunk_size(height, width, self.factor)
 
 
 class WindowCropDataset(CachedDataset):

@@ -76,7 +76,7 @@ def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfi
         )
 
 
-def build_loader(datamodule: SegDataModule, split: str, data: dict[str, Any]) -> DataLoader:
+def build_loader(datamodule: SegDataModule, split: str) -> DataLoader:
     """The split with the evaluation transform, batched as validation batches it."""
     try:
         dataset = datamodule.source.dataset(split, datamodule.eval_transform)
@@ -86,9 +86,9 @@ def build_loader(datamodule: SegDataModule, split: str, data: dict[str, Any]) ->
         raise ValueError(f"split={split!r} of dataset {datamodule.name!r} has no images")
     return DataLoader(
         dataset,
-        batch_size=int(data.get("val_batch_size", 1)),
+        batch_size=datamodule.val_batch_size,
         shuffle=False,
-        num_workers=int(data.get("num_workers", 0)),
+        num_workers=datamodule.num_workers,
         collate_fn=partial(seg_collate, ignore_index=datamodule.ignore_index),
     )
 
@@ -138,9 +138,10 @@ def score_loader(
     return examples
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Load the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
-    check_values(cfg, "eval")
+def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
+    """Check ``cfg``'s values once (``config.check_values``, keys typed by ``defaults`` where given), load
+    the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
+    check_values(cfg, "eval", defaults)
     inference = plain(cfg.inference)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -167,7 +168,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
             )  # fmt: skip
     else:
-        loader = build_loader(datamodule, str(cfg.split), data)
+        loader = build_loader(datamodule, str(cfg.split))
         images = len(loader.dataset)
         examples = score_loader(predict, loader, metric, ap, record, int(cfg.num_examples), str(cfg.split))
     confusion = metric.confusion.numpy()

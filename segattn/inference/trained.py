@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..images import as_hw, shrink_image
+from ..images import as_hw, indivisible, shrink_image
 from ..record import WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
 from .device import resolved_precision, torch_device
@@ -170,11 +170,10 @@ class TrainedModel:
         resized back, predicted by ``settings``."""
         height, width = rgbs[0].shape[:2]
         factor = self.downsample
-        if factor > 1 and (height % factor or width % factor):
+        if problem := indivisible(height, width, factor):
             raise ValueError(
-                f"data.downsample={factor} (recorded in {self.path}): the image is {width}x{height}, not a "
-                f"multiple of {factor} on each side; the model was trained on images shrunk {factor}x, so "
-                f"crop or pad the image to a multiple of {factor}"
+                f"data.downsample={factor} (recorded in {self.path}): the image {problem}; the model was "
+                f"trained on images shrunk {factor}x, so crop or pad the image to a multiple of {factor}"
             )
         mean, std = self.record.mean, self.record.std
         images = np.concatenate([normalize(shrink_image(rgb, factor), mean, std) for rgb in rgbs])

@@ -101,15 +101,17 @@ def checkpoint_contexts(block: nn.Module) -> tuple[AbstractContextManager, Abstr
 
 
 class EfficientViT(Encoder):
-    """EfficientViT-B returning its four stages, [B, widths[i + 1], H / 2^(i+2), W / 2^(i+2)], i = 0..3."""
+    """EfficientViT-B returning its four stages, [B, widths[i + 1], H / 2^(i+2), W / 2^(i+2)], i = 0..3.
+    Built by ``create_efficientvit``; the options and their defaults are ``EfficientViTOptions``'."""
 
     def __init__(
         self,
         attn_layer: AttentionSpec,
-        widths: tuple[int, ...] = EFFICIENTVIT_SIZES["b0"]["widths"],
-        depths: tuple[int, ...] = EFFICIENTVIT_SIZES["b0"]["depths"],
-        head_dim: int = 16,
-        expand_ratio: float = 4.0,
+        *,
+        widths: tuple[int, ...],
+        depths: tuple[int, ...],
+        head_dim: int,
+        expand_ratio: float,
         in_chans: int = 3,
     ) -> None:
         super().__init__()

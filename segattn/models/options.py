@@ -45,7 +45,7 @@ class ViTOptions:
     patch_size: int = 16
     img_size: int = 224  # grid the position embedding is stored at; resampled to any input
     mlp_ratio: float = 4.0
-    drop_path_rate: float = 0.0
+    drop_path_rate: float = 0.1  # stochastic depth of the deepest block, linearly less above
     init_values: float | None = None  # LayerScale init; None: off
     out_indices: list[int] | None = None  # blocks that feed the head; None: 4 evenly spaced
 
@@ -63,7 +63,7 @@ class PVTOptions:
     mlp_ratios: list[float] | None = None
     # spatial reduction of the quadratic variants taking sr_ratio (softmax, sra); None: (8, 4, 2, 1)
     sr_ratios: Sequence[int] | None = None
-    drop_path_rate: float = 0.0
+    drop_path_rate: float = 0.1  # stochastic depth of the deepest block, linearly less above
     # spatial reduction of the other variants taking sr_ratio (flatten, agent, pola); None: none
     linear_sr_ratios: Sequence[int] | None = None
     patch_embed: str = "overlap"  # overlap (PVTv2: 7×7/4, 3×3/2) | plain (PVT v1: 4×4/4, 2×2/2)

@@ -143,7 +143,8 @@ class PVTStage(nn.Module):
 
 class PyramidVisionTransformer(Encoder):
     """PVTv2 encoder (PVT v1 by the layout options) returning every stage's output,
-    [B, embed_dims[i], H / 2^(i+2), W / 2^(i+2)].
+    [B, embed_dims[i], H / 2^(i+2), W / 2^(i+2)]. Built by ``create_pvt``; the options and their defaults
+    are ``PVTOptions``'.
 
     ``position_encoding="learned"`` stores a position embedding per stage on its ``img_size`` // stride
     grid, and sizes the variant's own position parameters by the same grid (reduced by the stage's ratio
@@ -156,20 +157,21 @@ class PyramidVisionTransformer(Encoder):
     def __init__(
         self,
         attn_layer: AttentionSpec,
-        embed_dims: tuple[int, ...] = (32, 64, 160, 256),
-        depths: tuple[int, ...] = (2, 2, 2, 2),
-        num_heads: tuple[int, ...] = PVT_NUM_HEADS,
-        mlp_ratios: tuple[float, ...] = (8, 8, 4, 4),
-        sr_ratios: tuple[int, ...] | None = None,
+        *,
+        embed_dims: tuple[int, ...],
+        depths: tuple[int, ...],
+        num_heads: tuple[int, ...],
+        mlp_ratios: tuple[float, ...],
+        sr_ratios: tuple[int, ...] | None,
+        drop_path_rate: float,
+        linear_sr_ratios: tuple[int, ...] | None,
+        patch_embed: str,
+        ffn: str,
+        position_encoding: str,
+        img_size: int,
+        stage_norm: bool,
+        stage_attention_options: list[dict[str, Any]] | None,
         in_chans: int = 3,
-        drop_path_rate: float = 0.0,
-        linear_sr_ratios: tuple[int, ...] | None = None,
-        patch_embed: str = "overlap",
-        ffn: str = "mix",
-        position_encoding: str = "none",
-        img_size: int = 224,
-        stage_norm: bool = True,
-        stage_attention_options: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         stages = len(embed_dims)

@@ -39,7 +39,8 @@ def evenly_spaced(depth: int, count: int = 4) -> list[int]:
 
 
 class VisionTransformer(Encoder):
-    """ViT with an absolute position embedding learned for ``img_size`` and resampled to any grid.
+    """ViT with an absolute position embedding learned for ``img_size`` and resampled to any grid. Built by
+    ``create_vit``; the options and their defaults are ``ViTOptions``'.
 
     ``forward`` returns the tokens after the blocks in ``out_indices`` (final ``norm`` applied, like timm's
     ``forward_intermediates(norm=True)``) as [B, C, H/p, W/p] maps, all at stride ``patch_size``.
@@ -48,16 +49,17 @@ class VisionTransformer(Encoder):
     def __init__(
         self,
         attn_layer: AttentionSpec,
-        img_size: int = 224,
-        patch_size: int = 16,
+        *,
+        img_size: int,
+        patch_size: int,
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        drop_path_rate: float,
+        init_values: float | None,
+        out_indices: list[int] | None,
         in_chans: int = 3,
-        embed_dim: int = 192,
-        depth: int = 12,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        drop_path_rate: float = 0.0,
-        init_values: float | None = None,
-        out_indices: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.patch_embed = PatchEmbed(

@@ -11,10 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import check_data_root, check_values
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Fail before training on bad values, a missing dataset folder and settings that contradict each
-    other, naming the keys."""
-    check_values(cfg, "train")
+def check_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None:
+    """Fail before training on bad values (``config.check_values``, every key typed by ``defaults`` where
+    given), a missing dataset folder and settings that contradict each other, naming the keys. train.py's
+    one check of its values: ``run`` calls it first, for the command line and for a direct call alike."""
+    check_values(cfg, "train", defaults)
     check_data_root(cfg.data)
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise ValueError(

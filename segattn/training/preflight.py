@@ -70,20 +70,17 @@ def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[in
     return {where: scaled_size(height, width, max(inference.scales))}
 
 
-def train_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
+def train_sizes(datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
     """The input sizes training will feed the model, by the config key (and file) that sets them: the crop,
-    or with ``data.crop_size=null`` each size of the training images (mixed sizes in batches of more than
-    one are refused here, before training starts)."""
-    if cfg.data.crop_size is not None:
-        crop = as_hw(cfg.data.crop_size, "data.crop_size")
-        check_crop_at_shrink(crop, int(cfg.data.get("downsample") or 1), datamodule)
+    or with ``data.crop_size=null`` each size of the training images. train.py's checks of its training
+    images, run here before training starts and by the doctor: whole images of mixed sizes in batches of
+    more than one, and images ``data.downsample`` does not divide, are refused; a crop larger than a shrunk
+    image is said."""
+    crop, factor = datamodule.crop_size, datamodule.downsample
+    if crop is not None:
+        check_crop_at_shrink(crop, factor, datamodule)
         return {f"data.crop_size={list(crop)}": crop}
     sizes = datamodule.whole_image_sizes()
-    if cfg.inference.mode != "whole":
-        rank_zero_info(
-            f"data.crop_size=null trains on whole images while validation uses inference.mode="
-            f"{cfg.inference.mode}; set inference.mode=whole to validate and test on whole images too"
-        )
     return {f"data.crop_size=null on {paths[0]}": size for size, paths in sizes.items()}
 
 
@@ -109,7 +106,12 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationMo
     cannot take, whole-image batches of mixed sizes, a training step larger than the GPU. Errors name the
     file or config key and what was expected."""
     datamodule.setup("fit")
-    training = train_sizes(cfg, datamodule)
+    training = train_sizes(datamodule)
+    if datamodule.crop_size is None and cfg.inference.mode != "whole":
+        rank_zero_info(
+            f"data.crop_size=null trains on whole images while validation uses inference.mode="
+            f"{cfg.inference.mode}; set inference.mode=whole to validate and test on whole images too"
+        )
     sizes = {**training, **eval_sizes(cfg, datamodule)}
     for where, size in sizes.items():
         check_token_limit(module.model, size, where)

@@ -146,10 +146,11 @@ def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
     return pl.Trainer(**kwargs, logger=loggers or False, callbacks=callbacks, plugins=plugins)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Build everything from ``cfg``, fit (resuming when ``ckpt_path`` is set) and return the summary.
-    The run directory is held by this run alone while it trains (``rundir.run_dir_lock``)."""
-    check_config(cfg)
+def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
+    """Check ``cfg`` (``config_checks.check_config``, keys typed by ``defaults`` where given), build
+    everything from it, fit (resuming when ``ckpt_path`` is set) and return the summary. The run directory
+    is held by this run alone while it trains (``rundir.run_dir_lock``)."""
+    check_config(cfg, defaults)
     check_components(cfg)  # every _target_ imports, before the run dir is claimed
     run_dir = Path(cfg.paths.output_dir)
     with claim_run_dir(run_dir):

@@ -42,6 +42,11 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         "data.root={tmp}/nope: does not exist; expected the folder holding dataset 'camvid'",
     ),
     ("train.py", ["optimizer.lr=-1"], "optimizer.lr=-1: expected a number >= 0"),
+    (
+        "train.py",
+        ["data=folder", "data.root={tmp}", "data.downsample=0"],
+        "data.downsample=0: expected an integer >= 1 (1: full resolution)",
+    ),
     (  # a boolean key takes true or false only: 'no' would be a string, read as true
         "train.py",
         ["loss.dice_present_only=no", "check_memory=abc"],
@@ -311,3 +316,28 @@ def test_a_gpu_trainer_without_a_gpu_names_its_cpu_form(trainer, hint, files, mo
     assert status == 1 and len(err) == 1, err
     assert err[0] == f"train.py: trainer.accelerator=gpu: no CUDA GPU is available on this machine; {hint}"
     assert not any(files["logs"].iterdir())
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "checked_in"),
+    [
+        ("train.py", ["data.batch_size=0"], "segattn.training.config_checks"),
+        ("eval.py", ["checkpoint={text}", "num_examples=-1"], "segattn.evaluation.command"),
+    ],
+)
+def test_values_are_checked_once_per_run(command, argv, checked_in, files, monkeypatch, capsys):
+    """train.py and eval.py check their values once, in the run (given the typed defaults by the command
+    boundary), not again after the boundary's check."""
+    calls = []
+
+    def counted(cfg, name, defaults=None):
+        calls.append((name, defaults is not None))
+        return config.check_values(cfg, name, defaults)
+
+    monkeypatch.setattr(f"{checked_in}.check_values", counted)
+    monkeypatch.setattr(cli, "check_values", counted)
+    status = run_command(
+        command, [arg.format(text=files["text"]) for arg in argv], files["logs"], monkeypatch
+    )
+    assert status == 1 and "expected an integer" in capsys.readouterr().err
+    assert calls == [(command.removesuffix(".py"), True)]

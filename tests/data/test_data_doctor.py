@@ -136,6 +136,27 @@ def test_all_problems_are_listed_at_once(tmp_path, capsys):
         assert any(str(path) in line and message in line for line in out.splitlines()), (path, message)
 
 
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        (["data.crop_size=null", "data.batch_size=2"], "data.crop_size=null with data.batch_size=2: a batch"),
+        (["data.downsample=5"], "data.downsample=5: training image "),
+    ],
+    ids=["whole images of mixed sizes", "downsample not dividing"],
+)
+def test_doctor_reports_what_train_refuses_in_the_training_images(tmp_path, capsys, settings, refusal):
+    """The doctor runs train.py's checks of the training images (``preflight.train_sizes``): a configuration
+    train.py refuses before training is a problem here too, in train.py's words."""
+    root = make_folder(tmp_path)
+    save(root / "images" / "train" / "odd.png", rgb(7, 20, 10))
+    save(root / "masks" / "train" / "odd.png", label_grid([0, 1], 20, 10))
+    assert doctor([*_args(root), f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    assert "no problems found" in capsys.readouterr().out
+    assert doctor([*_args(root), f"data.cache_dir={tmp_path / 'cache'}", *settings]) == 1
+    problems = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 1 and problems[0].startswith(f"  - {refusal}"), problems
+
+
 def test_configuration_errors_exit_2(tmp_path, capsys):
     assert doctor(["data=folder", f"data.root={make_folder(tmp_path)}", "data.num_classes=4"]) == 2
     assert "num_classes=4" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from segattn.data import SegDataModule
 from segattn.data.datamodule import whole_image_collate
 from segattn.data.decoded import shrink_mask
 from segattn.images import IMAGENET_MEAN, IMAGENET_STD
-from segattn.training.preflight import check_crop_at_shrink
+from segattn.training.preflight import check_crop_at_shrink, train_sizes
 
 IDRID = Path(__file__).resolve().parents[3] / "shared" / "data" / "idrid"
 STRIDE = 32  # pvt's output stride: what the training run sets as the datamodule's size_divisor
@@ -130,6 +130,23 @@ def test_a_crop_larger_than_the_shrunk_images_is_said_in_one_line_naming_both_ke
         check_crop_at_shrink((h, w), 4, datamodule)  # the shrunk size itself fits
         # At full resolution a larger crop pads, as documented: no warning either.
         check_crop_at_shrink((512, 512), 1, datamodule)
+
+
+@pytest.mark.parametrize("crop_size", [None, [2, 2]])
+def test_a_downsample_that_does_not_divide_a_training_image_is_refused_before_training(tmp_path, crop_size):
+    """predict refuses an image data.downsample does not divide: training refuses one too, before it
+    starts, naming the image, whether it trains on crops or on whole images."""
+    root = make_folder(tmp_path / "ds", {"train": 2, "val": 1})
+    cache = str(tmp_path / "cache")
+    assert train_sizes(
+        whole_module(root, cache_dir=cache, downsample=4, crop_size=crop_size)
+    )  # 12x16: 4 divides
+    datamodule = whole_module(root, cache_dir=cache, downsample=5, crop_size=crop_size)
+    with pytest.raises(ValueError) as refused:
+        train_sizes(datamodule)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("data.downsample=5: training image ")
+    assert f"train00.png is {W}x{H}, not a multiple of 5 on each side;" in message
 
 
 @pytest.mark.skipif(not IDRID.is_dir(), reason=f"{IDRID} not present")

@@ -79,7 +79,7 @@ def test_cache_decodes_once_and_again_when_the_source_changes(large_folder, tmp_
 
 def window_items(root, cache, foreground_prob, count=40, crop=16, ratio=(1.0, 1.0)):
     layout = FolderLayout(root, cache_dir=cache, foreground_prob=foreground_prob)
-    transform = build_train_transform(crop, hflip=0, photometric=False, cropped=True)
+    transform = build_train_transform((crop, crop), hflip=0, photometric=False, cropped=True)
     dataset = layout.window_dataset("train", transform, (crop, crop), list(ratio))
     transform.set_random_seed(3)
     return [dataset[0] for _ in range(count)]

@@ -9,13 +9,14 @@ import pytest
 from segattn.attention import attention_options
 from segattn.models import MODEL_FAMILIES, Segmentor, build_model
 
-TINY_FAMILY_OPTIONS = {
-    "vit": {"embed_dim": 32, "depth": 2, "num_heads": 2, "head_channels": 16},
+TINY_FAMILY_OPTIONS = {  # no stochastic depth: a model in training mode computes the same twice
+    "vit": {"embed_dim": 32, "depth": 2, "num_heads": 2, "head_channels": 16, "drop_path_rate": 0.0},
     "pvt": {
         "embed_dims": [16, 32, 32, 64],
         "depths": [1, 1, 1, 1],
         "num_heads": [1, 1, 2, 2],
         "head_channels": 16,
+        "drop_path_rate": 0.0,
     },
     "unet": {"encoder": "test_resnet", "head_channels": 32},
     "efficientvit": {"widths": [8, 8, 16, 16, 32], "depths": [1, 1, 1, 1, 1], "head_channels": 16},

@@ -169,3 +169,33 @@ def test_model_config_builds_with_every_head(tiny_family_options, name: str, hea
         rebuilt = build_model(**model.config)
     assert model.config["head"] == head
     assert type(model.head) is type(rebuilt.head) is HEAD_CLASSES[head]
+
+
+# Where a family's yaml differs from the declared default on purpose: the value and why.
+YAML_PRESETS = {
+    ("efficientvit", "head_channels"): 32,  # EfficientViT-Seg b0's width, over the common 256
+}
+
+
+@pytest.mark.parametrize("name", available_models())
+def test_model_yaml_states_the_declared_defaults(name: str) -> None:
+    """Each option is declared once, in options.py: conf/model/<family>.yaml repeats its default (so that
+    ``--help`` lists it and the type check knows it) and may not drift from it, as pvt.yaml's
+    drop_path_rate 0.1 did from PVTOptions' 0.0; ``head`` names the family's default head."""
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml"))
+    family = MODEL_FAMILIES[name]
+    schemas = (family.options, CommonOptions, *(head.options for head in HEADS.values()))
+    declared = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()
+        for schema in schemas
+        for f in fields(schema)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
+    assert yaml.pop("name") == name and yaml.pop("head") == family.default_head
+    assert isinstance(yaml.pop("compile"), bool)  # how to train, not what to build: train.py's
+    drift = {
+        key: (value, declared.get(key, "undeclared"))
+        for key, value in yaml.items()
+        if value != YAML_PRESETS.get((name, key), declared.get(key, "undeclared"))
+    }
+    assert drift == {}

@@ -146,6 +146,7 @@ def test_training_losses_match_with_and_without_chunks(aux) -> None:
         num_heads=[1, 1, 1, 1],
         head_channels=8,
         dropout=0.0,
+        drop_path_rate=0.0,
         aux_head=aux,
     ).double()
     images = torch.randn(2, 3, 45, 70, dtype=torch.float64)
