@@ -17,6 +17,7 @@ ValueError / FileNotFoundError / FileExistsError of a check) is one line on stde
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import shutil
@@ -156,11 +157,12 @@ def parse_overrides(config_name: str, overrides: Sequence[str]) -> None:
         except OverrideParseException:
             previous = overrides[index - 1] if index else ""
             key, sep, value = override.partition("=")
-            if not sep and "=" in previous:  # 'data.root=/my data' arrived as 'data.root=/my' and 'data'
+            if not sep and "=" in previous:  # 'data.root=/my big data' arrived as 'data.root=/my', 'big', ...
                 key, _, value = previous.partition("=")
+                pieces = list(itertools.takewhile(lambda piece: "=" not in piece, overrides[index:]))
                 raise ValueError(
                     f"{override!r} is not key=value: the shell split the value of {key} at a space; quote "
-                    f"the whole override: '{key}=\"{value} {override}\"'"
+                    f"the whole override: '{key}=\"{' '.join([value, *pieces])}\"'"
                 ) from None
             if not sep:
                 raise ValueError(f"{override!r} is not key=value (e.g. data.root=/data/camvid)") from None

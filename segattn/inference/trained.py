@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..images import as_hw, shrink_image
-from ..record import WEIGHTS_FILE, ModelRecord
+from ..record import MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE
 from .image_io import normalize, read_input
 from .onnx import ONNX_FILE, OnnxSegmentor, infer_numpy
@@ -195,10 +195,7 @@ def open_model(path: str | Path, threads: int = 0) -> TrainedModel:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint={path}: no such file or directory; expected a train.py .ckpt, an exported "
-            "safetensors directory or a model.onnx"
-        )
+        raise FileNotFoundError(f"checkpoint={path}: no such file or directory; expected {MODEL_SOURCES}")
     if is_onnx(path):
         session = OnnxSegmentor(path, threads)
         return TrainedModel(session.record, session.path, "onnx", session=session)
