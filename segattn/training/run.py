@@ -160,9 +160,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     resumed = read_checkpoint(resume_from, "ckpt_path") if resume_from else None
     # built before the claim: a class that refuses its arguments is refused with nothing written
     callbacks = build_group("callbacks", plain(cfg.callbacks), pl.Callback)
-    loggers = build_loggers(cfg, resumed)
     with claim_run_dir(run_dir):
-        return fit(cfg, run_dir, (resume_from, resumed), callbacks, loggers)
+        return fit(cfg, run_dir, (resume_from, resumed), callbacks)
 
 
 def fit(
@@ -170,7 +169,6 @@ def fit(
     run_dir: Path,
     resume: tuple[Path | None, dict[str, Any] | None],
     callbacks: list[pl.Callback],
-    loggers: list[Logger],
 ) -> dict[str, Any]:
     """Preflight, then train (from ``resume``: the checkpoint's path and contents, or None twice), test and
     summarise into ``run_dir``."""
@@ -196,6 +194,7 @@ def fit(
     if rank_zero_only.rank == 0:
         save_run_config(cfg, run_dir)
         save_environment(run_dir)
+    loggers = build_loggers(cfg, resumed)
     failed, trainer = True, None
     try:
         trainer = build_trainer(cfg, callbacks, loggers)
