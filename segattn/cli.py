@@ -17,8 +17,10 @@ ValueError / FileNotFoundError / FileExistsError of a check) is one line on stde
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +44,7 @@ from .config import (
     config_dir,
     register_resolvers,
 )
-from .errors import EXIT_CONFIG, EXIT_FAILED, SegattnError, one_line, translate
+from .errors import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, SegattnError, one_line, translate
 
 # What the checks raised before the project's error type: still refusals, said in one line.
 CHECK_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
@@ -155,11 +157,12 @@ def parse_overrides(config_name: str, overrides: Sequence[str]) -> None:
         except OverrideParseException:
             previous = overrides[index - 1] if index else ""
             key, sep, value = override.partition("=")
-            if not sep and "=" in previous:  # 'data.root=/my data' arrived as 'data.root=/my' and 'data'
+            if not sep and "=" in previous:  # 'data.root=/my big data' arrived as 'data.root=/my', 'big', ...
                 key, _, value = previous.partition("=")
+                pieces = list(itertools.takewhile(lambda piece: "=" not in piece, overrides[index:]))
                 raise ValueError(
                     f"{override!r} is not key=value: the shell split the value of {key} at a space; quote "
-                    f"the whole override: '{key}=\"{value} {override}\"'"
+                    f"the whole override: '{key}=\"{' '.join([value, *pieces])}\"'"
                 ) from None
             if not sep:
                 raise ValueError(f"{override!r} is not key=value (e.g. data.root=/data/camvid)") from None
@@ -172,9 +175,9 @@ def parse_overrides(config_name: str, overrides: Sequence[str]) -> None:
 def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
     """What Hydra itself would fail on, or create in the wrong place, before it makes the run dir: an
     override it cannot parse or apply, a ``run_name`` that is not one folder name, a run dir or
-    ``paths.log_dir`` that cannot be created. Returns the run dir's nearest folder that exists now (a
-    refused run removes the empty folders below it). Sweeps (``-m``) and Hydra's own flags are left to
-    Hydra (None)."""
+    ``paths.log_dir`` that cannot be created. Returns the run dir's nearest folder that exists now, the run
+    dir itself where it does (a refused run removes the folders below it). Sweeps (``-m``) and Hydra's own
+    flags are left to Hydra (None)."""
     args = hydra_arguments().parse_args(list(argv))
     parse_overrides(config_name, args.overrides)
     hydra_flags = (
@@ -196,7 +199,7 @@ def check_command_line(config_name: str, argv: Sequence[str]) -> Path | None:
     if log_dir in run_dir.parents:
         check_writable_dir("paths.log_dir", log_dir)
     check_writable_dir("hydra.run.dir", run_dir)
-    return next(folder for folder in run_dir.parents if folder.exists())
+    return next(folder for folder in (run_dir, *run_dir.parents) if folder.exists())
 
 
 def hydra_arguments() -> argparse.ArgumentParser:
@@ -292,38 +295,55 @@ def hydra_app(config_name: str, run: Callable[[DictConfig, DictConfig], Any]) ->
     typed by ``defaults``: ``defaults_config``), as a test calling it directly does. Inside the job,
     log-file records are held in memory (``runlog``) until the run commits, once every check has passed.
     Errors a user can fix (``refusal``: bad values, missing files, bad data, a full disk, a run dir another
-    run holds) are one line on stderr and status 1; the held records are dropped and the run dir Hydra
-    made is removed, with the parents it made under ``paths.log_dir``, while they are empty (so a run dir
-    that already held a run is left as it was). An error from a DataLoader worker prints the worker's
-    message, its traceback goes to the log; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+    run holds) and Ctrl-C are one line on stderr and status 1 (Ctrl-C: 130); the run dir is then left as
+    ``leave_refused_run`` says. An error from a DataLoader worker prints the worker's message, its
+    traceback goes to the log; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
     ``NothingToDo`` prints its line, status 0."""
 
     existed: dict[str, Path | None] = {"folder": None}  # the run dir's nearest folder before the command
 
-    def remove_run_dir(cfg: DictConfig) -> None:
-        remove_empty_run_dir(Path(cfg.paths.output_dir), existed["folder"] or Path(cfg.paths.log_dir))
+    def leave_refused_run(cfg: DictConfig, line: str) -> None:
+        """A run dir is kept only where there is something to keep: a run that trained, or a run dir that
+        was there before the command (a resumed run; under ``-m`` it is not known, so kept), and the log of
+        a run that committed then ends with ``line``. Otherwise the held records are dropped and the run dir
+        goes, with the parents it made under ``paths.log_dir``; everything in it is this run's, written
+        since the commit."""
+        run_dir, before = Path(cfg.paths.output_dir).absolute(), existed["folder"]
+        if runlog.RunState.committed and (runlog.RunState.trained or before in (None, run_dir)):
+            runlog.end_with(line)
+            return
+        runlog.discard()
+        if runlog.RunState.committed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        remove_empty_run_dir(run_dir, before or Path(cfg.paths.log_dir).absolute())
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        name = Path(sys.argv[0]).name
         runlog.hold()
         try:
             result = run(cfg, defaults_config(config_name, HydraConfig.get().overrides.task))
         except NothingToDo as done:
-            runlog.discard()
-            remove_run_dir(cfg)
-            print(f"{Path(sys.argv[0]).name}: {done}")
+            leave_refused_run(cfg, f"{name}: {done}")
+            print(f"{name}: {done}")
             return None
+        except KeyboardInterrupt:
+            leave_refused_run(cfg, f"{name}: interrupted (Ctrl-C)")
+            print(f"{name}: interrupted (Ctrl-C)", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
         except Exception as error:
             said = refusal(error)
-            if said is None or full_error():
+            if said is None:
                 runlog.commit()  # a crash keeps its log
                 raise
-            runlog.discard()
-            remove_run_dir(cfg)
-            print(f"{Path(sys.argv[0]).name}: {said_line(said)}", file=sys.stderr)
+            line = f"{name}: {said_line(said)}"
+            leave_refused_run(cfg, line)
+            if full_error():
+                raise
+            print(line, file=sys.stderr)
             sys.exit(EXIT_FAILED)
         except BaseException:
-            runlog.commit()  # a crash or an interrupted run keeps its log
+            runlog.commit()  # a crash or a signal keeps its log
             raise
         runlog.commit()
         return result
@@ -347,9 +367,10 @@ def remove_empty_run_dir(run_dir: Path, keep: Path) -> None:
     """Remove ``run_dir`` and its parents below ``keep`` (the log dir, or the run dir's nearest folder that
     existed before the command) while they are empty."""
     for folder in (run_dir, *run_dir.parents):
-        if folder == keep or keep not in folder.parents or not folder.is_dir() or any(folder.iterdir()):
+        if folder == keep or keep not in folder.parents or (folder.is_dir() and any(folder.iterdir())):
             return
-        folder.rmdir()
+        if folder.is_dir():
+            folder.rmdir()
 
 
 def train_run(cfg: DictConfig, defaults: DictConfig) -> float | None:

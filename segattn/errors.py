@@ -23,6 +23,7 @@ from pathlib import Path
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports a process SIGINT ended (128 + 2)
 
 
 class SegattnError(Exception):
@@ -145,6 +146,7 @@ def translate(error: BaseException) -> SegattnError | None:
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
     "ConfigError",
     "DiskError",
     "FileFormatError",

@@ -11,6 +11,7 @@ Nothing here imports torch, Lightning or Hydra: an ONNX model's ``predict`` runs
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from collections.abc import Sequence
@@ -66,9 +67,27 @@ def is_raster(path: Path) -> bool:
     return path.suffix.lower() in RASTER_SUFFIXES
 
 
+def not_a_file(path: Path) -> str:
+    """Why ``path`` cannot be read as a file: it does not exist, or what it is instead (a folder, a
+    symbolic link that loops or points nowhere, a FIFO, socket or device)."""
+    if path.is_symlink() and not path.exists():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python 3.11: a loop; later versions raise OSError(ELOOP)
+            return "is a symbolic link loop"
+        except OSError as error:
+            return "is a symbolic link loop" if error.errno == errno.ELOOP else "is a broken symbolic link"
+        return "is a broken symbolic link"
+    if path.is_dir():
+        return "is a folder, not a file"
+    if path.exists():
+        return "is not a regular file (a FIFO, socket or device)"
+    return "does not exist"
+
+
 def _open(path: Path, what: str) -> Image.Image:
     if not path.is_file():
-        raise DataError(f"{what} {path} does not exist", path)
+        raise DataError(f"{what} {path} {not_a_file(path)}", path)
     try:
         image = Image.open(path)
         image.load()  # decode now: truncated or corrupt files fail here, not later in a worker

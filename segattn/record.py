@@ -39,6 +39,8 @@ METADATA_KEY = "segattn"  # model.onnx's metadata_props key
 TORCHSCRIPT_EXTRA = "segattn.json"  # model.pt's extra file
 MODEL_FILE = "model.yaml"  # an exported directory's config and normalisation
 WEIGHTS_FILE = "model.safetensors"  # an exported directory's weights
+TORCHSCRIPT_FILE = "model.pt"  # a TorchScript export, which torch.jit.load runs
+MODEL_SOURCES = "a train.py .ckpt, an exported safetensors directory or a model.onnx"  # what opens
 PLAIN_TYPES = (str, int, float, bool, type(None))
 
 # Each field of the record and the key that holds it in the sectioned forms (checkpoint, model.yaml) and

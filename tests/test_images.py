@@ -4,6 +4,8 @@ statistics; checked against hand-written expectations and Pillow's own per-mode 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +180,21 @@ def test_images_and_predict_io_import_without_torch_lightning_or_hydra():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_an_image_name_that_is_no_file_says_what_it_is(tmp_path):
+    """A folder, a FIFO or a symbolic link loop named *.png was "does not exist"."""
+    (tmp_path / "folder.png").mkdir()
+    os.mkfifo(tmp_path / "fifo.png")
+    (tmp_path / "loop.png").symlink_to(tmp_path / "loop.png")
+    (tmp_path / "broken.png").symlink_to(tmp_path / "gone")
+    said = {
+        "folder.png": "is a folder, not a file",
+        "fifo.png": "is not a regular file (a FIFO, socket or device)",
+        "loop.png": "is a symbolic link loop",
+        "broken.png": "is a broken symbolic link",
+        "missing.png": "does not exist",
+    }
+    for name, what in said.items():
+        with pytest.raises(DataError, match=f"^image {re.escape(str(tmp_path / name))} {re.escape(what)}$"):
+            read_image(tmp_path / name)

@@ -17,8 +17,15 @@ from torch import Tensor, nn
 
 from ..errors import FileFormatError
 from ..files import atomic_write
-from ..record import FORMAT_VERSION, MODEL_FILE, WEIGHTS_FILE, ModelRecord, check_plain_config
-from .resume import read_checkpoint
+from ..record import (
+    FORMAT_VERSION,
+    MODEL_FILE,
+    MODEL_SOURCES,
+    WEIGHTS_FILE,
+    ModelRecord,
+    check_plain_config,
+)
+from .resume import other_model_kind, read_checkpoint, wrong_kind
 
 
 def rebuild(config: dict[str, Any], source: str) -> nn.Module:
@@ -66,6 +73,8 @@ def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     from safetensors import SafetensorError
     from safetensors.torch import load_model as load_safetensors
 
+    if not (directory / MODEL_FILE).is_file() and other_model_kind("checkpoint", directory):
+        raise wrong_kind("checkpoint", directory, MODEL_SOURCES)
     for name in (MODEL_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise FileNotFoundError(

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from ..models.pickles import refused_pickle
-from ..record import checkpoint_entry
+from ..record import TORCHSCRIPT_FILE, WEIGHTS_FILE, checkpoint_entry
 
 LAST = "last.ckpt"
+CHECKPOINT_FILE = "a train.py checkpoint file such as <run dir>/checkpoints/last.ckpt"
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives
 
 
@@ -29,6 +30,8 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
     names the setting in errors: a missing, empty, truncated or foreign file, or one that is not a
     Lightning checkpoint, fails with the path and what was expected."""
     path = Path(path)
+    if path.is_dir():
+        raise wrong_kind(key, path, CHECKPOINT_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"{key}={path}: no such checkpoint file")
     size = path.stat().st_size
@@ -50,6 +53,8 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
             f"{key}={path}: truncated checkpoint: {size} bytes, the end of the archive is missing (a copy or "
             "transfer that stopped early?); copy it again or use another checkpoint of the run"
         )
+    if is_torchscript(path):
+        raise wrong_kind(key, path, CHECKPOINT_FILE)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
@@ -64,6 +69,35 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
             f"(found {type(checkpoint).__name__}); expected a checkpoint written by train.py"
         )
     return checkpoint
+
+
+def is_torchscript(path: Path) -> bool:
+    """Whether the zip archive ``path`` is a TorchScript module (``torch.jit.save``: it holds ``code/``)."""
+    with zipfile.ZipFile(path) as archive:
+        return any(name.split("/")[1:2] == ["code"] for name in archive.namelist())
+
+
+def other_model_kind(key: str, path: Path) -> str | None:
+    """What ``path`` given as ``key`` is, with what to give instead, when it is a train.py run folder or a
+    TorchScript export (its model.pt or its folder); None for anything else."""
+    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / ".hydra").is_dir()):
+        best = path / "checkpoints" / "best.ckpt"
+        return f"a train.py run folder; give one of its checkpoints: {key}={best} (or last.ckpt)"
+    if (path / TORCHSCRIPT_FILE).is_file() or (path.is_file() and is_torchscript(path)):
+        return (
+            "a TorchScript export, which torch.jit.load runs (Python or C++) and no segattn command opens; "
+            "give the checkpoint it was exported from"
+        )
+    return None
+
+
+def wrong_kind(key: str, path: Path, expected: str) -> ValueError:
+    """The error for ``key=path`` where ``path`` is another kind of thing than ``expected``, named for what
+    it is (``other_model_kind``, a safetensors export folder, or another folder)."""
+    what = other_model_kind(key, path)
+    if what is None:
+        what = "a safetensors export folder" if (path / WEIGHTS_FILE).is_file() else "a folder"
+    return ValueError(f"{key}={path}: {what}; expected {expected}")
 
 
 def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
@@ -101,6 +135,8 @@ def resolve_ckpt_path(ckpt_path: str | None, log_dir: str | Path, run_dir: str |
             )
         return found
     path = Path(ckpt_path).expanduser()
+    if path.is_dir():
+        raise wrong_kind("ckpt_path", path, CHECKPOINT_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     return path

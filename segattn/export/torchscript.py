@@ -11,11 +11,9 @@ import torch
 from torch import nn
 
 from ..files import atomic_write
-from ..record import ModelRecord
+from ..record import TORCHSCRIPT_FILE, ModelRecord
 from .verify import ExportError, check_sizes, compare, trace_size
 from .wrapper import ExportWrapper
-
-TORCHSCRIPT_FILE = "model.pt"
 
 
 def export_torchscript(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..images import as_hw, indivisible, shrink_image
-from ..record import WEIGHTS_FILE, ModelRecord
+from ..record import MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
 from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
@@ -324,10 +324,7 @@ def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> Trai
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint={path}: no such file or directory; expected a train.py .ckpt, an exported "
-            "safetensors directory or a model.onnx"
-        )
+        raise FileNotFoundError(f"checkpoint={path}: no such file or directory; expected {MODEL_SOURCES}")
     if is_onnx(path):
         session = OnnxSegmentor(path, threads, device)
         return TrainedModel(session.record, session.path, "onnx", session=session, device=session.device)

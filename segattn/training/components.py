@@ -13,18 +13,20 @@ passed to the built class as plain arguments, never through Hydra.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
 from ..config import config_dir, plain
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from .checkpointing import check_monitor
 
 STRATEGY = "trainer.strategy"
@@ -99,10 +101,30 @@ def entries(group: str, specs: Mapping[str, Any] | None) -> list[tuple[str, dict
 def build(key: str, spec: Mapping[str, Any], base: type, **extra: Any) -> Any:
     """The object entry ``key`` describes: its ``_target_`` class (checked by ``target_class``) called with
     the entry's arguments as plain values (nested ``_target_`` entries instantiated by Hydra) and ``extra``
-    as given. An error the class itself raises (a ConfigError naming its key) comes out unwrapped."""
-    target_class(key, spec, base)
+    as given. An argument the class does not take, or arguments it refuses, are a ConfigError naming the
+    key (Lightning's own refusals among them); a ValueError the class raises (naming its key) comes out as
+    it raised it."""
+    found = target_class(key, spec, base)
+    check_arguments(key, found, [*spec, *extra])
     factory = instantiate({"_convert_": "all", **spec}, _partial_=True)
-    return factory(**extra)
+    try:
+        return factory(**extra)
+    except (TypeError, MisconfigurationException) as error:
+        raise ConfigError(f"{key}: {found.__name__} refused its arguments: {one_line(error)}") from None
+
+
+def check_arguments(key: str, found: type, names: list[str]) -> None:
+    """Every argument of entry ``key`` (Hydra's own ``_target_``-style keys aside) is one that class
+    ``found`` takes: else a ConfigError naming ``<key>.<argument>`` and the arguments it does take."""
+    parameters = inspect.signature(found).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return
+    for name in names:
+        if not (name.startswith("_") and name.endswith("_")) and name not in parameters:
+            raise ConfigError(
+                f"{key}.{name}: {found.__name__} takes no argument {name!r}; it takes "
+                f"{', '.join(parameters) or 'none'}"
+            )
 
 
 def build_group(group: str, specs: Mapping[str, Any] | None, base: type) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig
-from pytorch_lightning.callbacks import ProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 from pytorch_lightning.loggers import Logger, WandbLogger
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
@@ -36,6 +36,7 @@ from ..images import DataError
 from ..models import build_model
 from ..record import ModelRecord
 from ..runlog import commit as commit_log
+from ..runlog import mark_trained
 from .checkpointing import AtomicCheckpointIO
 from .components import build, build_group, build_strategy, check_components, entries, target_class
 from .config_checks import check_config
@@ -133,12 +134,15 @@ def build_loggers(cfg: DictConfig, resumed: dict[str, Any] | None) -> list[Logge
     return loggers
 
 
-def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> pl.Trainer:
+def build_trainer(cfg: DictConfig, callbacks: list[pl.Callback], loggers: list[Logger]) -> pl.Trainer:
     """The Trainer; without a terminal (nohup, a scheduler) there is no progress bar, whose redraws would
-    fill the log file: the ``progress_log`` lines say the same."""
+    fill the log file: the ``progress_log`` lines say the same. Without the project's checkpoint callback
+    (``callbacks.model_checkpoint=null``) Lightning's own is off too: it would write ``epoch=0-step=2.ckpt``
+    outside the run's naming and resume scheme."""
     kwargs = plain(cfg.trainer)
     kwargs["strategy"] = build_strategy(kwargs.get("strategy", "auto"))
-    callbacks = build_group("callbacks", plain(cfg.callbacks), pl.Callback)
+    if not any(isinstance(callback, ModelCheckpoint) for callback in callbacks):
+        kwargs["enable_checkpointing"] = False
     if not sys.stdout.isatty():
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
         kwargs.setdefault("enable_progress_bar", False)
@@ -153,16 +157,25 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
     check_config(cfg, defaults)
     check_components(cfg)  # every _target_ imports, before the run dir is claimed
     run_dir = Path(cfg.paths.output_dir)
-    with claim_run_dir(run_dir):
-        return fit(cfg, run_dir)
-
-
-def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Preflight, then train, test and summarise into ``run_dir``."""
-    reuse_freed_memory()  # opt-in: no page faults on every large activation of every step
-    pl.seed_everything(cfg.seed, workers=True)
     resume_from = resolve_ckpt_path(cfg.ckpt_path, cfg.paths.log_dir, run_dir)
     resumed = read_checkpoint(resume_from, "ckpt_path") if resume_from else None
+    # built before the claim: a class that refuses its arguments is refused with nothing written
+    callbacks = build_group("callbacks", plain(cfg.callbacks), pl.Callback)
+    with claim_run_dir(run_dir):
+        return fit(cfg, run_dir, (resume_from, resumed), callbacks)
+
+
+def fit(
+    cfg: DictConfig,
+    run_dir: Path,
+    resume: tuple[Path | None, dict[str, Any] | None],
+    callbacks: list[pl.Callback],
+) -> dict[str, Any]:
+    """Preflight, then train (from ``resume``: the checkpoint's path and contents, or None twice), test and
+    summarise into ``run_dir``."""
+    resume_from, resumed = resume
+    reuse_freed_memory()  # opt-in: no page faults on every large activation of every step
+    pl.seed_everything(cfg.seed, workers=True)
     datamodule = SegDataModule(**plain(cfg.data))
     module = build_module(cfg, datamodule)
     datamodule.size_divisor = module.model.stride  # whole-image batches are padded as the model pads
@@ -183,9 +196,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         save_run_config(cfg, run_dir)
         save_environment(run_dir)
     loggers = build_loggers(cfg, resumed)
-    failed = True
+    failed, trainer = True, None
     try:
-        trainer = build_trainer(cfg, loggers)
+        trainer = build_trainer(cfg, callbacks, loggers)
         for logger in trainer.loggers:
             logger.log_hyperparams(plain(cfg))
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
@@ -194,6 +207,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             summary.update(run_test(trainer, module, datamodule, run_dir, bool(cfg.get("test_last"))))
         failed = False
     finally:
+        if trainer is not None and trainer.global_step > 0:
+            mark_trained()  # whatever ends the run now, its run dir and log are kept
         finish_wandb(loggers, exit_code=int(failed))
     if trainer.is_global_zero:
         write_json(run_dir / "summary.json", summary)

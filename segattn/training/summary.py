@@ -61,7 +61,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         *_test_rows(summary),
         ("epochs / steps", f"{summary['epochs']} / {summary['steps']}"),
         ("run dir", summary["run_dir"]),
-        ("best checkpoint", summary["best_checkpoint"] or "-"),
+        ("best checkpoint", summary["best_checkpoint"] or "none: the run saved no checkpoint"),
         ("last checkpoint", summary["last_checkpoint"] or "-"),
         ("W&B run dir", summary["wandb_dir"] or "-"),
     ]

@@ -95,7 +95,7 @@ def test_new_file_is_complete_and_has_default_permissions(tmp_path):
 @pytest.mark.parametrize("trainer", ["cpu", "ddp_cpu", "fsdp_cpu"])
 def test_training_writes_checkpoints_through_atomic_io(tmp_path, trainer):
     cfg = compose_run(tmp_path, *TINY, f"trainer={trainer}", "logger=none")
-    assert isinstance(build_trainer(cfg, []).strategy.checkpoint_io, AtomicCheckpointIO)
+    assert isinstance(build_trainer(cfg, [], []).strategy.checkpoint_io, AtomicCheckpointIO)
 
 
 def test_last_ckpt_follows_every_epoch_even_without_improvement(tmp_path):

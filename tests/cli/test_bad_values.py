@@ -107,6 +107,12 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         "override: 'input=\"{tmp}/my image\"'",
     ),
     (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}/my", "big", "image", "out={tmp}/o"],
+        "'big' is not key=value: the shell split the value of input at a space; quote the whole "
+        "override: 'input=\"{tmp}/my big image\"'",
+    ),
+    (
         "train.py",
         ["inference.mode=slide", "inference.crop=[0,0]"],
         "inference.crop=[0, 0]: expected null or a positive size: H or [H, W] in pixels",

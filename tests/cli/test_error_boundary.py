@@ -17,6 +17,7 @@ import torch
 from commands_in_process import run_command
 from export_fixtures import tiny_model, tiny_record
 from PIL import Image
+from reliability_fixtures import refuse
 
 from segattn import files
 from segattn.checkpoints.atomic import atomic_save
@@ -95,12 +96,25 @@ REFUSED = [  # command, arguments, the line after "<command>: ", status; checked
         "logger.csv._target_=segattn.training.guards.NonFiniteGuard: NonFiniteGuard is not a Logger",
         EXIT_FAILED,
     ),
+    (
+        "train.py",
+        ["+callbacks.model_checkpoint.nosuch=1"],
+        "callbacks.model_checkpoint.nosuch: ResumableModelCheckpoint takes no argument 'nosuch'; it takes "
+        "dirpath, filename, monitor,",
+        EXIT_FAILED,
+    ),
+    (
+        "train.py",
+        ["callbacks=[default,early_stopping]", "callbacks.early_stopping.mode=nope"],
+        "callbacks.early_stopping: EarlyStopping refused its arguments: ",
+        EXIT_FAILED,
+    ),
 ]
 
 
 IDS = [
     *("train checkpoint=", "eval ckpt_path=", "predict model=", "train stride", "predict stride", "monitor"),
-    *("callback _target_", "logger _target_"),
+    *("callback _target_", "logger _target_", "callback argument", "callback refuses its arguments"),
 ]
 
 
@@ -169,19 +183,6 @@ def test_overlays_are_reported_only_when_written(exported, places, tmp_path, cap
     printed = capsys.readouterr().out.strip()
     assert printed.endswith(f"wrote 1 masks to {out / 'masks'} and overlays to {out / 'overlays'}")
     assert (out / "overlays" / "a.png").is_file()
-
-
-def refuse(errno_code: int, under: Path):
-    """``os.open`` refusing to create files below ``under`` with ``errno_code``, as a full disk, a read-only
-    mount or a folder of another user does (root, which runs CI, may write into any chmod-ed folder)."""
-    real_open = files.os.open
-
-    def fake_open(path, flags, mode=0o777):
-        if Path(path).is_relative_to(under):
-            raise OSError(errno_code, "refused by the test", str(path))
-        return real_open(path, flags, mode)
-
-    return fake_open
 
 
 @pytest.mark.parametrize(

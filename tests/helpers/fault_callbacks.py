@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
+from segattn.images import DataError
+
 
 class RaiseAtStep(pl.Callback):
     """Rank ``rank`` raises RuntimeError at global step ``step``: a crash on one DDP process."""
@@ -62,3 +64,17 @@ class SignalAt(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), self.signum)
+
+
+class RefuseAtStep(pl.Callback):
+    """At global step ``step`` raise the refusal a bad file met in training raises (a DataError naming it):
+    a run refused after it claimed its run dir, before (step 0) or after it trained."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise DataError(
+                "image planted/bad.png cannot be decoded (planted by the test)", "planted/bad.png"
+            )

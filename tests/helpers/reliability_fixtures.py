@@ -14,6 +14,8 @@ from train_overrides import TINY_MODEL, compose_config
 from warm_processes import Job, start
 from warm_processes import run as run_command
 
+from segattn import files
+
 HELPERS = Path(__file__).resolve().parent
 TRAIN_SCRIPT = HELPERS.parents[1] / "train.py"
 
@@ -96,3 +98,16 @@ def run_train(
     return run_command(
         train_command(tmp_path, *overrides, run=run), cwd=tmp_path, env=train_env(), timeout=timeout
     )
+
+
+def refuse(errno_code: int, under: Path):
+    """``os.open`` refusing to create files below ``under`` with ``errno_code``, as a full disk, a read-only
+    mount or a folder of another user does (root, which runs CI, may write into any chmod-ed folder)."""
+    real_open = files.os.open
+
+    def fake_open(path, flags, mode=0o777):
+        if Path(path).is_relative_to(under):
+            raise OSError(errno_code, "refused by the test", str(path))
+        return real_open(path, flags, mode)
+
+    return fake_open

@@ -11,6 +11,7 @@ from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model, tiny_record
 
 import segattn
 from segattn.checkpoints.loading import save_exported
+from segattn.checkpoints.resume import read_checkpoint
 from segattn.export.command import export
 
 
@@ -136,3 +137,47 @@ def test_predict_takes_booleans_and_integers_only_of_their_type(tmp_path, argume
     with pytest.raises(ValueError) as refused:
         opened.predict(image, **arguments)
     assert str(refused.value) == message
+
+
+@pytest.fixture(scope="module")
+def torchscript_export(tmp_path_factory):
+    """A tiny model exported as TorchScript: the folder holding model.pt."""
+    folder = tmp_path_factory.mktemp("ts") / "ts"
+    model = tiny_model("linear", seed=1)
+    export(model, tiny_record(model), "torchscript", folder, size=(32, 32))
+    return folder
+
+
+def test_a_torchscript_export_is_named_with_what_opens_it(torchscript_export):
+    """Its folder said "missing model.yaml"; its model.pt got torch's message, cut mid-word, advising
+    weights_only=False."""
+    for given in (torchscript_export, torchscript_export / "model.pt"):
+        with pytest.raises(ValueError) as error:
+            segattn.open_model(given)
+        assert str(error.value).startswith(
+            f"checkpoint={given}: a TorchScript export, which torch.jit.load runs (Python or C++) and no "
+            "segattn command opens; give the checkpoint it was exported from; expected a train.py "
+        )
+
+
+def test_a_run_folder_given_as_a_model_points_at_its_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError) as error:
+        segattn.open_model(run)
+    assert str(error.value).startswith(
+        f"checkpoint={run}: a train.py run folder; give one of its checkpoints: "
+        f"checkpoint={run / 'checkpoints' / 'best.ckpt'} (or last.ckpt)"
+    )
+
+
+def test_init_from_an_export_folder_says_what_init_from_reads(tmp_path):
+    """It said "no such checkpoint file"."""
+    model = tiny_model("linear", seed=0)
+    save_exported(model, tiny_record(model), tmp_path / "st")
+    with pytest.raises(ValueError) as error:
+        read_checkpoint(tmp_path / "st", "init_from")
+    assert str(error.value) == (
+        f"init_from={tmp_path / 'st'}: a safetensors export folder; expected a train.py checkpoint file such "
+        "as <run dir>/checkpoints/last.ckpt"
+    )

@@ -93,6 +93,19 @@ def test_a_callback_added_on_the_command_line(tmp_path, records):
     assert CountSteps.runs == [{"label": "cli", "steps": [1]}]
 
 
+def test_without_the_checkpoint_callback_lightning_saves_no_checkpoint_either(tmp_path, capsys):
+    """``callbacks.model_checkpoint=null`` let Lightning's default callback write ``epoch=0-step=2.ckpt``
+    outside the run's naming and resume scheme, and the summary named it as the best."""
+    cfg = compose_run(
+        tmp_path, *BASE, *VIT, "callbacks.model_checkpoint=null", "logger=none", "trainer.max_epochs=1",
+        "test_after_fit=false",
+    )  # fmt: skip
+    summary = train.run(cfg)
+    assert summary["steps"] == 2 and summary["best_checkpoint"] is None
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert "none: the run saved no checkpoint" in capsys.readouterr().out
+
+
 NOT_A = "expected the import path (package.module.Class) of a Lightning"
 PL = "pytorch_lightning"
 
@@ -171,7 +184,7 @@ def test_strategy_arguments_reach_it_and_its_name_does_not(tmp_path):
 
 def test_without_a_terminal_no_progress_bar_is_built(tmp_path):
     cfg = compose_run(tmp_path, *BASE, "trainer=cpu", "logger=none")  # pytest's stdout is no terminal
-    trainer = train.build_trainer(cfg, [])
+    trainer = train.build_trainer(cfg, build_group("callbacks", plain(cfg.callbacks), pl.Callback), [])
     assert not [callback for callback in trainer.callbacks if isinstance(callback, ProgressBar)]
     built = {type(callback).__name__ for callback in trainer.callbacks}
     assert built >= {"ResumableModelCheckpoint", "ProgressLog", "NonFiniteGuard", "PreemptionCheckpoint"}
