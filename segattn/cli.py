@@ -82,6 +82,17 @@ def refusal(error: BaseException) -> SegattnError | None:
     return said
 
 
+def told(name: str, error: Exception) -> SegattnError:
+    """The refusal ``error`` is (``refusal``), told as one line on stderr (``<name>: <line>``): every
+    command's boundary. A bug, and any error under ``HYDRA_FULL_ERROR=1``, is re-raised with its traceback
+    instead; call it while ``error`` is being handled."""
+    said = refusal(error)
+    if said is None or full_error():
+        raise error
+    print(f"{name}: {said_line(said)}", file=sys.stderr)
+    return said
+
+
 def said_line(said: SegattnError) -> str:
     """The one line printed for a refusal (a DataLoader worker's error without its traceback)."""
     return one_line(user_message(said))
@@ -241,10 +252,7 @@ def run_command(
             return 0
         check_values(cfg, config_name, defaults_config(config_name, overrides))
     except Exception as error:
-        said = refusal(error)
-        if said is None or full_error():
-            raise
-        print(f"{name}: {said_line(said)}", file=sys.stderr)
+        told(name, error)
         return EXIT_CONFIG
     out = OutputFolder(cfg.get("out"))
     status = EXIT_FAILED
@@ -252,11 +260,7 @@ def run_command(
         status = run(cfg)
         return status
     except Exception as error:
-        said = refusal(error)
-        if said is None or full_error():
-            raise
-        print(f"{name}: {said_line(said)}", file=sys.stderr)
-        return said.status
+        return told(name, error).status
     finally:
         if status != 0:
             out.remove_new_empty_folders()
@@ -352,10 +356,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig, DictConfig], Any]) ->
         try:
             existed["folder"] = check_command_line(config_name, sys.argv[1:])
         except Exception as error:
-            said = refusal(error)
-            if said is None or full_error():
-                raise
-            print(f"{Path(sys.argv[0]).name}: {said_line(said)}", file=sys.stderr)
+            told(Path(sys.argv[0]).name, error)
             sys.exit(EXIT_FAILED)
         return main()
 
