@@ -214,7 +214,7 @@ def load_segformer(model: Segmentor, segformer: SegFormer) -> None:
     head = {k.removeprefix("head."): v for k, v in weights.items() if k.startswith("head.")}
     if not head or not isinstance(model.head, MLPHead):
         return
-    labels = head["classifier.weight"].shape[0]
+    labels = len(head.get("classifier.bias", ()))
     if labels != model.num_classes:
         warnings.warn(
             f"model.pretrained={segformer.source}: the SegFormer predicts {labels} classes, this model "

@@ -91,18 +91,20 @@ def test_recorded_config_rebuilds_the_segformer_architecture(segformer) -> None:
     rebuilt.load_state_dict(model.state_dict())  # strict: same names and shapes
 
 
-def test_another_attention_fine_tunes_from_segformer_weights(segformer) -> None:
+@pytest.mark.parametrize("attention", ["linear", "flatten"])
+def test_another_attention_fine_tunes_from_segformer_weights(segformer, attention: str) -> None:
     """The shared qkv/proj and everything outside attention load; the variant's own parameters and PVT's
-    spatial reduction (which linear attention does not have) do not."""
+    spatial reduction (which these variants do not have) do not."""
     folder, reference = segformer
-    model = build_model("pvt", 5, attention="flatten", pretrained=str(folder))
+    model = build_model("pvt", 5, attention=attention, pretrained=str(folder))
     block, theirs = model.encoder.stages[1].blocks[0], reference.segformer.stages[1].blocks[0]
     expected_qkv = torch.cat([theirs.attention.q_proj.weight, theirs.attention.k_proj.weight])
     torch.testing.assert_close(block.attn.qkv.weight[:32], expected_qkv)
     torch.testing.assert_close(block.attn.proj.weight, theirs.attention.o_proj.weight)
     torch.testing.assert_close(block.mlp.fc1.weight, theirs.mlp.fc1.weight)
-    assert torch.equal(block.attn.scale, torch.zeros_like(block.attn.scale))  # FLatten's own init
     assert not hasattr(block.attn, "sr")
+    if attention == "flatten":
+        assert torch.equal(block.attn.scale, torch.zeros_like(block.attn.scale))  # FLatten's own init
     torch.testing.assert_close(model.head.classifier.weight, reference.decode_head.classifier.weight)
 
 
