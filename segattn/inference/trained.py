@@ -54,9 +54,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainedModel:
     """An opened model: what it is (``record``), the file it came from (``path``; for ONNX the .onnx file),
-    its ``format`` (``checkpoint``, ``safetensors``, ``segformer`` or ``onnx``), what runs it (``network``, the Segmentor in
-    eval mode, or ``session``, the onnxruntime session of an ONNX model) and where (``device``: ``cpu`` or
-    ``cuda:N``)."""
+    its ``format`` (``checkpoint``, ``safetensors``, ``segformer`` or ``onnx``), what runs it (``network``,
+    the Segmentor in eval mode, or ``session``, the onnxruntime session of an ONNX model) and where
+    (``device``: ``cpu`` or ``cuda:N``)."""
 
     record: ModelRecord
     path: Path
