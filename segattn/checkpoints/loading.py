@@ -1,10 +1,11 @@
 """Save and rebuild trained models without Lightning or Hydra, and without running code found in files.
 
-Two sources: a Lightning checkpoint from ``train.py`` (weights under ``state_dict`` with prefix ``model.``,
-its ``ModelRecord`` under ``ckpt["segattn"]``) and an exported directory (``model.safetensors`` +
-``model.yaml`` + ``classes.json``). Both load tensors with ``weights_only=True`` / safetensors and rebuild
-the network with ``build_model(**config)``, where every name is looked up in a registry; import paths are
-never followed. ``segattn.inference.trained.open_model`` opens either (or an ONNX file) for the commands.
+Three sources: a Lightning checkpoint from ``train.py`` (weights under ``state_dict`` with prefix ``model.``,
+its ``ModelRecord`` under ``ckpt["segattn"]``), an exported directory (``model.safetensors`` +
+``model.yaml`` + ``classes.json``) and a Hugging Face SegFormer folder (``config.json`` + weights). All
+load tensors with ``weights_only=True`` / safetensors and rebuild the network with ``build_model``,
+where every name is looked up in a registry; import paths are never followed.
+``segattn.inference.trained.open_model`` opens any of them (or an ONNX file) for the commands.
 """
 
 from __future__ import annotations
@@ -95,6 +96,26 @@ def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     return model.eval(), record
 
 
+def load_segformer_folder(directory: Path) -> tuple[nn.Module, ModelRecord]:
+    """A Hugging Face SegFormer segmentation folder (``config.json`` + weights): the pvt model it describes
+    and a record of its classes (``id2label``) and ignore index; ImageNet normalisation, as SegFormer's."""
+    from ..models import build_model
+    from ..models.segformer import read_segformer
+
+    segformer = read_segformer(str(directory), directory)
+    if not segformer.is_segmentation:
+        raise ValueError(
+            f"{directory}: a SegFormer encoder (MiT) without a decode head predicts no classes; train "
+            f"from it with model=pvt model.pretrained={directory}"
+        )
+    model = build_model("pvt", len(segformer.classes), pretrained=str(directory))
+    data = {
+        "classes": segformer.classes,
+        "ignore_index": segformer.config.get("semantic_loss_ignore_index", 255),
+    }
+    return model.eval(), ModelRecord.from_sections(model.config, data)
+
+
 def stored_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The model's state as safetensors stores it: contiguous, a tensor shared by several names once, under
     its first name (``load_model(strict=False)`` fills the others, which are the same tensor)."""
@@ -121,4 +142,4 @@ def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> Non
     record.write_model_yaml(directory)
 
 
-__all__ = ["check_plain_config", "load_checkpoint", "load_exported", "save_exported"]
+__all__ = ["check_plain_config", "load_checkpoint", "load_exported", "load_segformer_folder", "save_exported"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..images import as_hw, indivisible, shrink_image
-from ..record import MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
+from ..record import MODEL_FILE, MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
 from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
@@ -54,9 +54,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainedModel:
     """An opened model: what it is (``record``), the file it came from (``path``; for ONNX the .onnx file),
-    its ``format`` (``checkpoint``, ``safetensors`` or ``onnx``), what runs it (``network``, the Segmentor in
-    eval mode, or ``session``, the onnxruntime session of an ONNX model) and where (``device``: ``cpu`` or
-    ``cuda:N``)."""
+    its ``format`` (``checkpoint``, ``safetensors``, ``segformer`` or ``onnx``), what runs it (``network``,
+    the Segmentor in eval mode, or ``session``, the onnxruntime session of an ONNX model) and where
+    (``device``: ``cpu`` or ``cuda:N``)."""
 
     record: ModelRecord
     path: Path
@@ -315,8 +315,9 @@ def is_onnx(path: Path) -> bool:
 
 
 def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> TrainedModel:
-    """Open ``path``: a train.py checkpoint, an exported safetensors directory or an ONNX model (a .onnx
-    file, or a directory holding model.onnx alone), to run on ``device`` (auto: the first CUDA device if
+    """Open ``path``: a train.py checkpoint, an exported safetensors directory, a Hugging Face SegFormer
+    folder (config.json + weights) or an ONNX model (a .onnx file, or a directory holding model.onnx
+    alone), to run on ``device`` (auto: the first CUDA device if
     there is one, else the CPU; cpu, cuda, cuda:N); ``threads`` sets onnxruntime's (0: its default).
 
     Raises FileNotFoundError for a missing path and ValueError for a file that is not such a model or a
@@ -328,11 +329,15 @@ def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> Trai
     if is_onnx(path):
         session = OnnxSegmentor(path, threads, device)
         return TrainedModel(session.record, session.path, "onnx", session=session, device=session.device)
-    from ..checkpoints.loading import load_checkpoint, load_exported
+    from ..checkpoints.loading import load_checkpoint, load_exported, load_segformer_folder
 
     where = torch_device(device)  # a device this machine lacks is refused before the model is read
-    network, record = load_exported(path) if path.is_dir() else load_checkpoint(path)
-    kind = "safetensors" if path.is_dir() else "checkpoint"
+    if path.is_dir() and (path / "config.json").is_file() and not (path / MODEL_FILE).is_file():
+        (network, record), kind = load_segformer_folder(path), "segformer"
+    elif path.is_dir():
+        (network, record), kind = load_exported(path), "safetensors"
+    else:
+        (network, record), kind = load_checkpoint(path), "checkpoint"
     return TrainedModel(record, path, kind, network=network.to(where), device=where)
 
 

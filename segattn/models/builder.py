@@ -31,6 +31,7 @@ from .options import (
 )
 from .pretrained import load_encoder_weights
 from .pvt import create_pvt
+from .segformer import SegFormer, find_segformer, load_segformer, segformer_architecture
 from .segmentor import Segmentor
 from .unet import UNetDecoder, create_unet_encoder
 from .vit import create_vit
@@ -250,16 +251,20 @@ def build_model(
             **family_options,
         }
     )
-    model = assemble(parse_options(name, {k: v for k, v in config.items() if k != "name"}))
+    segformer = find_segformer(config.get("pretrained"))
+    if segformer is not None:
+        config = segformer_architecture(segformer, config)
+    model = assemble(parse_options(name, {k: v for k, v in config.items() if k != "name"}), segformer)
     model.config = config
     return model
 
 
-def assemble(options: ModelOptions) -> Segmentor:
+def assemble(options: ModelOptions, segformer: SegFormer | None = None) -> Segmentor:
     """Encoder + head (+ optional auxiliary FCN head, loss weight ``aux_weight``) → Segmentor.
 
     ``pretrained`` is a local weights file or a timm model name found in the local HF cache, loaded into
-    the encoder. ``head_lr_mult`` and ``layer_decay`` shape ``Segmentor.param_groups``.
+    the encoder, or ``segformer``, the SegFormer it names, loaded into encoder and head. ``head_lr_mult``
+    and ``layer_decay`` shape ``Segmentor.param_groups``.
     """
     c = options.common
     attention_class(c.attention)  # unknown attention names fail here, before any module is built
@@ -278,7 +283,9 @@ def assemble(options: ModelOptions) -> Segmentor:
     head = HEADS[options.head].create(encoder, c, options.head_options, attn_layer)
     aux = FCNHead(encoder.out_channels, c.num_classes, c.head_channels, c.dropout) if c.aux_head else None
     model = Segmentor(encoder, head, aux, c.aux_weight, c.head_lr_mult, c.layer_decay)
-    if c.pretrained:
+    if segformer is not None:
+        load_segformer(model, segformer)
+    elif c.pretrained:
         load_encoder_weights(encoder, c.pretrained)
     if c.grad_checkpointing:
         model.set_grad_checkpointing(True)

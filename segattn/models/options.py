@@ -25,7 +25,9 @@ class CommonOptions:
     dropout: float = 0.1  # before the classifier of the head and of the aux head
     aux_head: bool = False  # auxiliary FCN head on the second-deepest features
     aux_weight: float = 0.4  # its loss weight (Segmentor.aux_weight; 0 without aux head)
-    pretrained: str | None = None  # timm name in the local HF cache or a .safetensors/.pth file
+    pretrained: str | None = (
+        None  # timm name or HF SegFormer (folder, cached hub id) or a .safetensors/.pth file
+    )
     grad_checkpointing: bool = False
     head_lr_mult: float = 1.0  # learning-rate multiplier of head and aux head (Segmentor.param_groups)
     layer_decay: float | None = None  # layer-wise learning-rate decay of the encoder
@@ -73,6 +75,7 @@ class PVTOptions:
     position_encoding: str = "none"
     img_size: int = 224  # pretraining input size that sizes the learned position encodings
     stage_norm: bool = True  # LayerNorm closing each stage (PVTv2); the PVT v1 releases have none
+    norm_eps: float = 1e-6  # eps of the blocks' and stages' LayerNorms (timm's); HF SegFormer's: 1e-5
     # one dict of attention options per stage, over attention.options (Agent-PVT: agent_num 9, 16, 49, 49)
     stage_attention_options: list[dict[str, Any]] | None = None
 

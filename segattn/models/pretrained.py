@@ -16,7 +16,7 @@ import timm
 import torch
 from huggingface_hub import try_to_load_from_cache
 from safetensors.torch import load_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from .encoder import Encoder
 from .pickles import not_a_weights_file, refused_pickle
@@ -112,7 +112,15 @@ def load_encoder_weights(encoder: Encoder, source: str) -> None:
         state_dict = encoder.convert_state_dict(weights)
     except ValueError as err:  # a converter that checks the fit itself (official_pvt) names what is wrong
         raise ValueError(f"pretrained={source!r}: {err}") from None
-    own = encoder.state_dict()
+    load_fitting(encoder, state_dict, source)
+
+
+def load_fitting(
+    module: nn.Module, state_dict: dict[str, Tensor], source: str, part: str = "encoder"
+) -> None:
+    """Load ``state_dict`` (already under ``module``'s names) into ``module``, the model's ``part``; one
+    ValueError lists what does not fit, attention parameters beyond qkv/proj aside."""
+    own = module.state_dict()
     missing = [k for k in own if k not in state_dict and not is_attention_extra(k)]
     unexpected = [k for k in state_dict if k not in own and not is_attention_extra(k)]
     mismatched = [
@@ -122,10 +130,10 @@ def load_encoder_weights(encoder: Encoder, source: str) -> None:
     ]
     if missing or unexpected or mismatched:
         raise ValueError(
-            f"pretrained={source!r} does not fit the {type(encoder).__name__} encoder: "
+            f"pretrained={source!r} does not fit the {type(module).__name__} {part}: "
             f"missing {missing[:6]}{'...' if len(missing) > 6 else ''} ({len(missing)}), "
             f"unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''} ({len(unexpected)}), "
             f"shape mismatches {mismatched[:6]} ({len(mismatched)}). "
             "Check that model.size / model.encoder match the checkpoint's architecture."
         )
-    encoder.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
+    module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)

@@ -17,6 +17,7 @@ by the same grids) and ``stage_norm=False``; ``official_pvt`` maps those checkpo
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,7 +32,6 @@ from .blocks import (
     AttentionSpec,
     Block,
     Checkpointable,
-    LayerNorm,
     MixFFN,
     TokenMlp,
     drop_path_rates,
@@ -104,6 +104,7 @@ class PVTStage(nn.Module):
         ffn: str = "mix",
         pos_grid: HW | None = None,
         stage_norm: bool = True,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         self.downsample = None
@@ -120,10 +121,11 @@ class PVTStage(nn.Module):
                 attn_layer(dim, num_heads),
                 MixFFN(dim, hidden) if ffn == "mix" else TokenMlp(dim, hidden),
                 drop_path[i],
+                norm_layer=partial(nn.LayerNorm, eps=norm_eps),
             )
             for i in range(depth)
         )
-        self.norm = LayerNorm(dim) if stage_norm else nn.Identity()
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if stage_norm else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:
@@ -171,6 +173,7 @@ class PyramidVisionTransformer(Encoder):
         img_size: int,
         stage_norm: bool,
         stage_attention_options: list[dict[str, Any]] | None,
+        norm_eps: float,
         in_chans: int = 3,
     ) -> None:
         super().__init__()
@@ -238,6 +241,7 @@ class PyramidVisionTransformer(Encoder):
                 ffn=ffn,
                 pos_grid=(grids[i], grids[i]) if learned else None,
                 stage_norm=stage_norm,
+                norm_eps=norm_eps,
             )
             for i in range(stages)
         )
@@ -355,6 +359,7 @@ def create_pvt(
         position_encoding=o.position_encoding,
         img_size=o.img_size,
         stage_norm=o.stage_norm,
+        norm_eps=o.norm_eps,
         stage_attention_options=None
         if o.stage_attention_options is None
         else list(o.stage_attention_options),

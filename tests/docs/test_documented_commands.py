@@ -1,4 +1,4 @@
-"""Every command that the getting-started, inference and export/predict pages show is checked as the
+"""Every command that the getting-started, inference, export/predict and models pages show is checked as the
 command itself checks it before it runs, without running the job: a documented command with a renamed or
 misspelt key, an unknown group option or make target fails here, in seconds.
 
@@ -53,7 +53,7 @@ from segattn.config import check_values, config_dir
 from segattn.errors import ConfigError, one_line
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = ("getting-started.md", "inference.md", "export-predict.md")
+PAGES = ("getting-started.md", "inference.md", "export-predict.md", "models.md")
 SHELL_LABELS = ("", "bash", "sh", "shell", "console")
 PYTHON = re.compile(r"(\S*/)?python(3[.\d]*)?")  # python, python3.11, .venv/bin/python
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
