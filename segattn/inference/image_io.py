@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from ..files import atomic_write
-from ..images import IMAGE_SUFFIXES, Color, ImageTooLargeError, is_raster, read_image
+from ..images import IMAGE_SUFFIXES, Color, DataError, ImageTooLargeError, is_raster, read_image
 
 
 def find_images(pattern: str) -> list[Path]:
@@ -33,7 +33,8 @@ def find_images(pattern: str) -> list[Path]:
 
 def read_input(path: Path) -> np.ndarray:
     """``read_image`` (RGB uint8 [H, W, 3], decoded as training decodes it); an image too large to read
-    whole names the setting that reads a TIFF by window, or what to convert any other format to."""
+    whole names the setting that reads a TIFF by window, or what to convert any other format to; a TIFF the
+    decoder cannot read says what it holds (``raster_problem``) instead of calling it corrupt."""
     try:
         return read_image(path)
     except ImageTooLargeError as error:
@@ -44,6 +45,28 @@ def read_input(path: Path) -> np.ndarray:
             "inference.mode=slide inference.crop=1024, which streams TIFFs by window"
         )
         raise ImageTooLargeError(f"{error}; {how}", path) from None
+    except DataError:
+        problem = raster_problem(path) if is_raster(path) else None
+        if problem is None:
+            raise
+        raise DataError(problem, path) from None
+
+
+def raster_problem(path: Path) -> str | None:
+    """Why a TIFF that the image decoder could not read is no input, as the raster reader words it (a
+    uint16 or float GeoTIFF: rescale it to 8 bits; bands other than gray, RGB or RGB + alpha), or, where it
+    opens as a raster, the setting that reads it by window; None when it is no raster either."""
+    from ..raster_io import RasterImage, raster_env
+
+    try:
+        with raster_env():
+            RasterImage(path).close()
+    except ValueError as error:
+        return None if str(error).startswith("cannot open raster") else str(error)
+    return (
+        f"image {path} is a GeoTIFF the image decoder cannot read whole; stream=true with "
+        "inference.mode=slide inference.crop=1024 reads it by window"
+    )
 
 
 def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:

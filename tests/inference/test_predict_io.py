@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from segattn.images import DataError
 from segattn.inference.image_io import drawn_classes, find_images, normalize, overlay, read_input, save_mask
 
 
@@ -90,3 +91,19 @@ def test_an_image_too_large_to_read_whole_names_the_setting_that_streams_it(tmp_
         f"image {path} has 400 pixels, more than is read whole (Pillow's limit 100); {how}"
         + ("" if name.endswith(".tif") else ", which streams TIFFs by window")
     )
+
+
+def test_a_tiff_the_decoder_cannot_read_says_what_it_holds_not_corrupt(tmp_path):
+    """A valid uint16 GeoTIFF read whole (stream=false) was called corrupt; a file that is no TIFF is."""
+    import rasterio
+
+    path = tmp_path / "scene.tif"
+    profile = {"driver": "GTiff", "height": 20, "width": 30, "count": 3, "dtype": "uint16"}
+    with rasterio.open(path, "w", **profile) as raster:
+        raster.write(np.full((3, 20, 30), 40000, np.uint16))
+    with pytest.raises(DataError, match=rf"^raster {path} holds uint16 samples; expected uint8 \(0\.\.255\)"):
+        read_input(path)
+    broken = tmp_path / "broken.tif"
+    broken.write_bytes(b"II*\x00 not a tiff")
+    with pytest.raises(DataError, match="the file is corrupt or truncated"):
+        read_input(broken)
