@@ -31,7 +31,7 @@ from .arms import spec_overrides
 from .costs import COSTS_FILE, measure_costs, read_recipe
 from .report import console, print_table, progress, write_csv
 from .resolution import plot_resolution
-from .specs import Spec, parse_spec
+from .specs import Spec
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # where this segattn is imported from
 
@@ -52,20 +52,6 @@ class AccuracySettings:
     maxres_timeout: float = 300.0
     clock: str = "wall"  # step timing clock: wall, or process CPU time (steady on a busy machine)
     only: str | None = None  # "train", "costs" or "table" (of the finished runs): one phase; None: all
-
-
-def default_variants(smoke: bool) -> list[str]:
-    """PVT's softmax without and with its own spatial reduction (``sra``: 8/4/2/1), then the linear ones;
-    Linformer at the 128² training crop (1,024 stage-1 tokens), which also bounds its evaluation; then
-    the 2023-25 ones (Agent Attention, PolaFormer, EfficientViT's LiteMLA) at full resolution. For an
-    experiment whose file lists its arms (``table``, ``bench.arms``) none of these: its own."""
-    if smoke:
-        return ["sra", "linear"]
-    return [
-        *["softmax:sr_ratios=[1,1,1,1]", "sra", "efficient", "linear", "taylor", "flatten"],
-        *["performer", "nystrom", "linformer:max_tokens=1024"],
-        *["agent", "pola", "litemla"],
-    ]
 
 
 def run_name(variant: Spec, seed: int) -> str:
@@ -215,4 +201,4 @@ def runs_failed(failed: list[dict[str, Any]]) -> SegattnError:
     return SegattnError(f"{len(failed)} run(s) failed: {names}; rerun the command to retry")
 
 
-__all__ = ["AccuracySettings", "default_variants", "parse_spec", "run"]
+__all__ = ["AccuracySettings", "run"]

@@ -27,7 +27,7 @@ class Table:
     seeds: list[int]
 
     def select(self, labels: list[str] | None, experiment: str) -> list[Spec]:
-        """The arms named by ``labels`` (``--arms``), in the table's order; all of them without labels.
+        """The arms named by ``labels`` (``arms=``), in the table's order; all of them without labels.
         A label the table lacks is refused, naming the ones it has."""
         if not labels:
             return list(self.arms)
@@ -35,7 +35,7 @@ class Table:
         unknown = [label for label in labels if label not in known]
         if unknown:
             raise ValueError(
-                f"--arms {' '.join(unknown)}: not an arm of experiment {experiment}; expected among "
+                f"arms={','.join(unknown)}: not an arm of experiment {experiment}; expected among "
                 f"{', '.join(known)}"
             )
         return [arm for arm in self.arms if arm.label in labels]

@@ -53,15 +53,6 @@ class MaxresSettings:
         return with_kernels(with_compiled(self.variants, self.compile), self.kernels)
 
 
-def default_models(smoke: bool) -> list[str]:
-    return ["pvt:size=b0"] if smoke else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
-
-
-def default_variants(smoke: bool) -> list[str]:
-    variants = ["softmax", "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
-    return ["flatten"] if smoke else variants
-
-
 def probe_child(task: dict[str, Any], emit: Emit) -> None:
     """Child process: training steps at ``task['size']`` under a memory guard, with the allocator settings
     a training run in this environment has, so the peak is the one training reaches; emits the peak and

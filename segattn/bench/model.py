@@ -44,14 +44,14 @@ from .specs import (
     format_image_size,
     kernel_path,
     parse_image_size,
-    parse_spec,
     size_label,
+    spec_of,
     with_compiled,
     with_kernels,
 )
 
 NUM_CLASSES = 19
-NO_REDUCTION = "softmax:sr_ratios=[1,1,1,1]"
+NO_REDUCTION = {"name": "softmax", "sr_ratios": [1, 1, 1, 1]}  # PVT with softmax, no key reduction
 Size = int | str | tuple[int, int]  # 2048, "4288x2848" (width x height) or (height, width)
 
 
@@ -84,20 +84,11 @@ class ModelSettings:
         )
 
 
-def default_models(smoke: bool) -> list[str]:
-    return (
-        ["pvt:size=b0", "vit:size=tiny"]
-        if smoke
-        else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
-    )
-
-
-def default_variants(smoke: bool, model: str = "pvt") -> list[str]:
+def default_variants(model: str) -> list[Spec]:
     """softmax first (the reference of the speed-up column), then the linear variants."""
-    if smoke:
-        return ["softmax", "flatten"]
     reference = [NO_REDUCTION, "softmax"] if model == "pvt" else ["softmax"]
-    return [*reference, "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+    linear = ["efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+    return [spec_of(value) for value in [*reference, *linear]]
 
 
 def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
@@ -161,9 +152,7 @@ class TrainStep:
 
 
 def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
-    specs = settings.variants
-    if specs is None:
-        specs = [parse_spec(text) for text in default_variants(False, model.name)]
+    specs = default_variants(model.name) if settings.variants is None else settings.variants
     return with_kernels(with_compiled(specs, settings.compile), settings.kernels)
 
 
