@@ -10,13 +10,15 @@ from segattn.bench.accuracy_table import markdown, summarize
 from segattn.bench.arms import run_overrides, spec_overrides
 from segattn.bench.costs import arm_recipe
 from segattn.bench.resolution import plot_resolution
-from segattn.bench.specs import parse_spec
+from segattn.bench.specs import spec_of
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_arms_pass_config_keys_and_groups_as_plain_overrides():
-    arm = parse_spec("softmax:label=softmax-320:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]")
+    arm = spec_of(
+        {"name": "softmax", "label": "softmax-320", "sr_ratios": [1, 1, 1, 1], "data.crop_size": [320, 320]}
+    )
     assert arm.label == "softmax-320" and "label" not in arm.options
     assert run_overrides(arm) == ["data.crop_size=[320, 320]"]
     assert spec_overrides(arm) == [
@@ -24,12 +26,12 @@ def test_arms_pass_config_keys_and_groups_as_plain_overrides():
         "data.crop_size=[320, 320]",
         "model.sr_ratios=[1, 1, 1, 1]",
     ]
-    assert spec_overrides(parse_spec("litemla:model=efficientvit")) == [
+    assert spec_overrides(spec_of({"name": "litemla", "model": "efficientvit"})) == [
         "attention=litemla",
         "model=efficientvit",
     ]
     # a fixed-size arm slides its training crop at that window's own stride, not the preset's wider one
-    assert spec_overrides(parse_spec("linformer:max_tokens=1024"))[-3:] == [
+    assert spec_overrides(spec_of({"name": "linformer", "max_tokens": 1024}))[-3:] == [
         "inference.mode=slide",
         "inference.crop=${data.crop_size}",
         "inference.stride=null",
@@ -38,12 +40,11 @@ def test_arms_pass_config_keys_and_groups_as_plain_overrides():
 
 def test_an_arm_recipe_is_the_experiment_under_its_overrides():
     settings = AccuracySettings("idrid_cpu", [], [0], ["data.root=/nowhere"])
-    recipe, spec = arm_recipe(
-        settings, parse_spec("softmax:label=s:sr_ratios=[1,1,1,1]:data.crop_size=[320,320]")
-    )
+    arm = {"name": "softmax", "label": "s", "sr_ratios": [1, 1, 1, 1], "data.crop_size": [320, 320]}
+    recipe, spec = arm_recipe(settings, spec_of(arm))
     assert (recipe.model.name, recipe.batch, recipe.crop) == ("pvt", 2, 320)
     assert spec.options == {"sr_ratios": [1, 1, 1, 1]} and spec.label == "s"
-    recipe, _ = arm_recipe(settings, parse_spec("litemla:model=efficientvit"))
+    recipe, _ = arm_recipe(settings, spec_of({"name": "litemla", "model": "efficientvit"}))
     assert recipe.model.name == "efficientvit"
 
 
@@ -56,7 +57,8 @@ def run_row(variant: str, seed: int, ap: float) -> dict:
 
 
 def test_average_precision_tables_and_resolution_plot(tmp_path: Path):
-    variants = [parse_spec(t) for t in ["flatten", "flatten:label=flatten-x4:data.downsample=4", "sra"]]
+    x4 = {"name": "flatten", "label": "flatten-x4", "data.downsample": 4}
+    variants = [spec_of(value) for value in ["flatten", x4, "sra"]]
     runs = [run_row("flatten", s, 30.0 + s) for s in (0, 1)] + [run_row("flatten-x4", 0, 20.0)]
     runs.append(run_row("sra", 0, float("nan")) | {"test_AP_haemorrhages": float("nan")})
     table = summarize(runs, {"flatten": {"step_seconds": 0.6, "peak_bytes": 2**30}}, variants)
@@ -77,7 +79,7 @@ def test_average_precision_tables_and_resolution_plot(tmp_path: Path):
 
 
 def test_runs_that_tested_their_final_weights_get_a_column_for_it():
-    variants = [parse_spec("linear")]
+    variants = [spec_of("linear")]
     runs = [run_row("linear", s, 30.0 + s) | {"test_last_mAP": 20.0 + s} for s in (0, 1)]
     table = summarize(runs, {}, variants)
     assert table[0]["test_last_mAP_mean"] == 20.5
