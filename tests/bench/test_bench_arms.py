@@ -63,9 +63,7 @@ def test_arms_selects_by_label_in_the_table_order_and_refuses_an_unknown_one():
     table = experiment_table("idrid_resolution_cpu", ROOT)
     assert [arm.label for arm in table.select(["sra", "linear"], "x")] == ["linear", "sra"]
     assert table.select(None, "x") == table.arms
-    with pytest.raises(
-        ValueError, match="arms=nosuch: not an arm of experiment x; expected among linear, "
-    ):
+    with pytest.raises(ValueError, match="arms=nosuch: not an arm of experiment x; expected among linear, "):
         table.select(["linear", "nosuch"], "x")
 
 

@@ -60,5 +60,6 @@ def test_out_naming_an_existing_file_is_one_line(tmp_path, capsys):
     taken.write_text("")
     assert main(["op", "grid=smoke", f"out={taken}"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"{PROG} op: out={taken}: is an existing file; expected a directory to write into (created if missing)"
+        f"{PROG} op: out={taken}: is an existing file; expected a directory to write into "
+        "(created if missing)"
     )

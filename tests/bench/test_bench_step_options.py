@@ -21,7 +21,10 @@ def step(variant: str | dict) -> TrainStep:
 
 
 def test_spec_options_switch_checkpointing_and_the_chunked_loss() -> None:
-    plain, checkpointed = step("linear"), step({"name": "linear", "grad_checkpointing": True, "loss_chunk_rows": 16})
+    plain, checkpointed = (
+        step("linear"),
+        step({"name": "linear", "grad_checkpointing": True, "loss_chunk_rows": 16}),
+    )
     assert not plain.model.recompute_heads and checkpointed.model.recompute_heads
     assert (plain.chunk_rows, checkpointed.chunk_rows) == (None, 16)
     checkpointed.model.load_state_dict(plain.model.state_dict())
