@@ -26,6 +26,7 @@ from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
@@ -124,6 +125,25 @@ def compose_command(config_name: str, overrides: Sequence[str], keep_hydra: bool
     return cfg
 
 
+def defaults_config(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """``conf/<config_name>.yaml`` with the config-group choices among ``overrides`` (``model=vit``,
+    ``+experiment=...``) and none of their values: what gives each key its type (``config.check_values``)."""
+    choices = [override for override in overrides if is_group_choice(override)]
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra application
+        return compose(config_name, overrides=choices)
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        return compose(config_name, overrides=choices)
+
+
+def is_group_choice(override: str) -> bool:
+    """``override`` picks an option of a config group (``data=camvid``, ``hydra/launcher=...``) rather than
+    setting a key (``data.root=...``) or deleting one (``~key``)."""
+    key = override.lstrip("+").partition("=")[0].partition("@")[0]
+    if key.startswith("~"):
+        return False
+    return "/" in key or ("." not in key and (config_dir() / key).is_dir())
+
+
 def parse_overrides(config_name: str, overrides: Sequence[str]) -> None:
     """Parse each override as Hydra will. A key the command no longer reads is a ValueError naming the key
     that replaced it (``config.check_renamed``); one Hydra cannot read is a ValueError naming it, with the
@@ -212,26 +232,57 @@ def run_command(
     error's own ``status``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = any(arg in ("--help", "-h") for arg in argv)
+    overrides = [arg for arg in argv if arg not in ("--help", "-h")]
     try:
-        cfg = compose_command(config_name, [arg for arg in argv if arg not in ("--help", "-h")])
+        cfg = compose_command(config_name, overrides)
         if wants_help:
             print(help_text(config_name, cfg, groups))
             return 0
-        check_values(cfg, config_name)
+        check_values(cfg, config_name, defaults_config(config_name, overrides))
     except Exception as error:
         said = refusal(error)
         if said is None or full_error():
             raise
         print(f"{name}: {said_line(said)}", file=sys.stderr)
         return EXIT_CONFIG
+    out = OutputFolder(cfg.get("out"))
+    status = EXIT_FAILED
     try:
-        return run(cfg)
+        status = run(cfg)
+        return status
     except Exception as error:
         said = refusal(error)
         if said is None or full_error():
             raise
         print(f"{name}: {said_line(said)}", file=sys.stderr)
         return said.status
+    finally:
+        if status != 0:
+            out.remove_new_empty_folders()
+
+
+class OutputFolder:
+    """The ``out=`` folder of a command (export, predict), as it was before the command ran: a command that
+    fails removes the folders it created there while they are empty (``out/masks`` after a full disk, ``out``
+    itself), so nothing but finished files is left; folders that existed before are kept."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = None if out is None else Path(str(out)).absolute()
+        self.before: set[Path] = set()
+        if self.out is not None:
+            self.keep = next(folder for folder in (self.out, *self.out.parents) if folder.exists())
+            if self.out.is_dir():
+                self.before = {Path(root) for root, _, _ in os.walk(self.out)}
+
+    def remove_new_empty_folders(self) -> None:
+        if self.out is None or not self.out.is_dir():
+            return
+        for root, _, _ in sorted(os.walk(self.out), key=lambda entry: -len(Path(entry[0]).parts)):
+            folder = Path(root)
+            if folder not in self.before and folder != self.out and not any(folder.iterdir()):
+                folder.rmdir()
+        if self.out not in self.before:
+            remove_empty_run_dir(self.out, self.keep)
 
 
 def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -256,7 +307,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[[]
     def main(cfg: DictConfig) -> Any:
         runlog.hold()
         try:
-            check_values(cfg, config_name)
+            check_values(cfg, config_name, defaults_config(config_name, HydraConfig.get().overrides.task))
             result = run(cfg)
         except NothingToDo as done:
             runlog.discard()

@@ -6,7 +6,8 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,48 @@ class SlideSettings:
     stride: tuple[int, int]
     crop_batch_size: int = 4
     flip: bool = False
+
+
+Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
+SIZE = "a positive size: H or [H, W] in pixels"
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda value: is_int(value) and value >= low
+
+
+def positive_size(value: Any) -> bool:
+    """A size ``images.as_hw`` reads: a side or an [H, W] pair of positive integers."""
+    try:
+        as_hw(value)
+    except ValueError:
+        return False
+    return True
+
+
+def optional_size(value: Any) -> bool:
+    return value is None or positive_size(value)
+
+
+INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval and predict see an image
+    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
+    "crop": (f"null or {SIZE}", optional_size),
+    "stride": (f"null or {SIZE}", optional_size),
+    "crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "scales": (
+        "a non-empty list of numbers > 0",
+        lambda v: isinstance(v, list | tuple) and bool(v) and all(is_number(x) and x > 0 for x in v),
+    ),
+    "flip": ("true or false", lambda v: isinstance(v, bool)),
+}
 
 
 def window_starts(size: int, crop: int, stride: int) -> list[int]:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import FileFormatError
-from ..files import replacing
+from ..files import atomic_write
 from ..record import FORMAT_VERSION, MODEL_FILE, WEIGHTS_FILE, ModelRecord, check_plain_config
 from .resume import read_checkpoint
 
@@ -86,14 +86,29 @@ def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
     return model.eval(), record
 
 
+def stored_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state as safetensors stores it: contiguous, a tensor shared by several names once, under
+    its first name (``load_model(strict=False)`` fills the others, which are the same tensor)."""
+    stored: dict[str, Tensor] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            stored[name] = tensor.contiguous()
+    return stored
+
+
 def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> None:
     """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``."""
-    from safetensors.torch import save_model
+    from safetensors.torch import save
 
     directory.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "segattn", "version": str(FORMAT_VERSION)}
-    with replacing(directory / WEIGHTS_FILE) as temp:
-        save_model(model, str(temp), metadata=metadata)
+    # Serialised in memory and written by Python, so a full disk is a DiskError naming the folder (the
+    # library's own writer reported it as an unreadable file).
+    data = save(stored_tensors(model), metadata)
+    atomic_write(directory / WEIGHTS_FILE, lambda handle: handle.write(data))
     record.write_model_yaml(directory)
 
 

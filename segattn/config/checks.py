@@ -14,10 +14,9 @@ dataset file for the ``data`` group, whose keys differ by dataset)."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from ..images import as_hw
-from ..tiling import MODES, NO_WINDOW
+from ..tiling import (
+    INFERENCE,
+    NO_WINDOW,
+    SIZE,
+    Rule,
+    int_at_least,
+    is_int,
+    is_number,
+    optional_size,
+    positive_size,
+)
 from .resolvers import plain
 
 PRECISIONS = (
@@ -43,37 +52,11 @@ PRECISIONS = (
 )
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def int_at_least(low: int) -> Callable[[Any], bool]:
-    return lambda value: is_int(value) and value >= low
-
-
-def positive_size(value: Any) -> bool:
-    """A size ``images.as_hw`` reads: a side or an [H, W] pair of positive integers."""
-    try:
-        as_hw(value)
-    except ValueError:
-        return False
-    return True
-
-
-def optional_size(value: Any) -> bool:
-    return value is None or positive_size(value)
-
-
 def batch_limit(value: Any) -> bool:
     """Lightning's ``limit_*_batches``: null, a batch count, or a fraction in [0, 1]."""
     return value is None or (is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1)
 
 
-Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
 SpanCheck = Callable[[DictConfig], "str | None"]  # a problem between keys, or None
 
 
@@ -89,7 +72,6 @@ class Schema:
 
 
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")  # segattn.export.command.FORMATS
-SIZE = "a positive size: H or [H, W] in pixels"
 THREADS: dict[str, Rule] = {"threads": ("an integer >= 0 (0: the default)", int_at_least(0))}
 TRAINER: dict[str, Rule] = {
     "trainer.max_epochs": (
@@ -146,17 +128,7 @@ OPTIMIZATION: dict[str, Rule] = {
     "optimizer.eps": ("a number > 0", lambda v: is_number(v) and v > 0),
     "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
 }
-INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval and predict see an image
-    "inference.mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
-    "inference.crop": (f"null or {SIZE}", optional_size),
-    "inference.stride": (f"null or {SIZE}", optional_size),
-    "inference.crop_batch_size": ("an integer >= 1", int_at_least(1)),
-    "inference.scales": (
-        "a non-empty list of numbers > 0",
-        lambda v: isinstance(v, list) and bool(v) and all(is_number(x) and x > 0 for x in v),
-    ),
-    "inference.flip": ("true or false", lambda v: isinstance(v, bool)),
-}
+INFERENCE_RULES = {f"inference.{key}": rule for key, rule in INFERENCE.items()}
 
 
 def slide_has_window(cfg: DictConfig) -> str | None:
@@ -225,15 +197,16 @@ BENCH_SEARCH: dict[str, Rule] = {
 }
 SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
     "train": Schema(
-        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE}, INFERENCE_SPANS
+        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE_RULES},
+        INFERENCE_SPANS,
     ),
     "eval": Schema(
-        {**DATA, **INFERENCE, **THREADS, "num_examples": ("an integer >= 0", int_at_least(0))},
+        {**DATA, **INFERENCE_RULES, **THREADS, "num_examples": ("an integer >= 0", int_at_least(0))},
         INFERENCE_SPANS,
     ),
     "predict": Schema(
         {
-            **INFERENCE,
+            **INFERENCE_RULES,
             **THREADS,
             "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
             "stream": ("true or false", lambda v: isinstance(v, bool)),
@@ -377,11 +350,12 @@ def check_renamed(command: str, overrides: Sequence[str]) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def check_values(cfg: DictConfig, command: str) -> None:
+def check_values(cfg: DictConfig, command: str, defaults: DictConfig | None = None) -> None:
     """Every key of ``command``'s schema (``SCHEMAS``) present in ``cfg`` has a value of the expected type
-    and range, and its settings that span keys agree (all problems are listed in one line); required keys
-    (``???``) are set, and an ``out`` directory can be written. Every command runs this on its composed
-    config before anything else (``segattn.cli``)."""
+    and range, every other key the type of its default in ``defaults`` (``default_types``), and the
+    settings that span keys agree (all problems are listed in one line); required keys (``???``) are set,
+    and an ``out`` directory can be written. Every command runs this on its composed config before
+    anything else (``segattn.cli``)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required key(s): {', '.join(f'{key}=...' for key in missing)}")
@@ -391,6 +365,8 @@ def check_values(cfg: DictConfig, command: str) -> None:
         value = plain(OmegaConf.select(cfg, key, default=ABSENT))
         if value is not ABSENT and not ok(value):
             problems.append(f"{key}={shown(value)}: expected {expected}")
+    if defaults is not None:
+        problems += default_types(cfg, defaults, skip=schema.rules.keys())
     problems += [problem for span in schema.spans if (problem := span(cfg)) is not None]
     if problems:
         raise ConfigError("; ".join(problems))
@@ -398,6 +374,45 @@ def check_values(cfg: DictConfig, command: str) -> None:
         check_kernel()
     if cfg.get("out") is not None:
         check_out_dir(Path(str(cfg.out)))
+
+
+TYPED: dict[type, Rule] = {  # the type of a default -> what any value of that key must be
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", is_int),
+    float: ("a number", is_number),
+    str: ("a single value, not a list or mapping", lambda v: not isinstance(v, list | dict)),
+}
+
+
+def default_types(cfg: DictConfig, defaults: DictConfig, skip: Collection[str]) -> list[str]:
+    """A problem for each key of ``cfg`` whose value is not of its default's type (``TYPED``): ``defaults`` is
+    the command's config with the same config-group choices but none of the user's values, so a boolean key
+    takes only true/false (``dice_present_only=no`` would otherwise be the string 'no', read as true), an
+    integer key an integer. Keys in ``skip`` (those with a rule of their own), defaults that are null, lists,
+    mappings or interpolations, and values that do not resolve are left to the other checks."""
+    problems = []
+    for key, default in leaves(OmegaConf.to_container(defaults, resolve=False)):
+        if key in skip or type(default) not in TYPED:
+            continue
+        try:
+            value = plain(OmegaConf.select(cfg, key, default=ABSENT))
+        except Exception:  # an interpolation the run resolves later: not a type problem here
+            continue
+        expected, ok = TYPED[type(default)]
+        if value is not ABSENT and not ok(value):
+            problems.append(f"{key}={shown(value)}: expected {expected}")
+    return problems
+
+
+def leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of each leaf of nested dicts; interpolations (``${...}``) and required values
+    (``???``) are skipped."""
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            yield from leaves(value, f"{key}.")
+        elif not (isinstance(value, str) and ("${" in value or value == "???")):
+            yield key, value
 
 
 def check_kernel() -> None:

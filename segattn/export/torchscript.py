@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from ..attention import attention_class
-from ..files import replacing
+from ..files import atomic_write
 from ..record import ModelRecord
 from .verify import ExportError, check_sizes, compare, trace_size
 from .wrapper import ExportWrapper
@@ -40,8 +41,11 @@ def export_torchscript(
     with warnings.catch_warnings():
         # torch.jit is marked deprecated in favour of torch.export; it still saves and loads fine.
         warnings.simplefilter("ignore", FutureWarning)
-        with replacing(path) as temp:
-            torch.jit.save(traced, str(temp), _extra_files=record.to_torchscript_extra(exporter="trace"))
+        # Serialised in memory, then written by Python: torch.jit.save's own C++ writer aborts the process
+        # on a full disk (status 134) and leaves its partial file.
+        buffer = io.BytesIO()
+        torch.jit.save(traced, buffer, _extra_files=record.to_torchscript_extra(exporter="trace"))
+        atomic_write(path, lambda handle: handle.write(buffer.getbuffer()))
         loaded = torch.jit.load(str(path))
     results = compare(wrapper, loaded, check_sizes(*size), atol, label)
     return {"format": "torchscript", "attention": name, "checks": results}

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..images import as_hw, shrink_image
 from ..record import WEIGHTS_FILE, ModelRecord
+from ..tiling import INFERENCE
 from .image_io import normalize, read_input
 from .onnx import ONNX_FILE, OnnxSegmentor, infer_numpy
 
@@ -122,6 +123,8 @@ class TrainedModel:
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Class ids [H, W] (uint8 up to 256 classes, else int64) of one RGB image (``logits``); with
         ``probabilities`` also the softmax over classes, float32 [K, H, W]."""
+        if not isinstance(probabilities, bool):
+            raise ValueError(f"probabilities={probabilities!r}: expected True or False")
         logits = self.logits(image, **inference)
         ids = logits.argmax(axis=0)
         ids = ids.astype(np.uint8 if self.record.num_classes <= 256 else np.int64)
@@ -147,13 +150,21 @@ def resized_logits(logits: np.ndarray, height: int, width: int, torch_path: bool
 
 
 def inference_settings(inference: Mapping[str, Any]) -> dict[str, Any]:
-    """``INFERENCE_DEFAULTS`` overlaid with ``inference``; an unknown key is a ValueError naming it."""
+    """``INFERENCE_DEFAULTS`` overlaid with ``inference``; an unknown key, or a value its rule refuses
+    (``tiling.INFERENCE``: ``flip="no"`` is not a boolean), is a ValueError naming it."""
     unknown = sorted(set(inference) - set(INFERENCE_DEFAULTS))
     if unknown:
         raise ValueError(
             f"inference.{unknown[0]}: not an inference setting; expected among "
             f"{', '.join(INFERENCE_DEFAULTS)}"
         )
+    bad = [
+        f"inference.{key}={value!r}: expected {INFERENCE[key][0]}"
+        for key, value in inference.items()
+        if not INFERENCE[key][1](value)
+    ]
+    if bad:
+        raise ValueError("; ".join(bad))
     return {**INFERENCE_DEFAULTS, **inference}
 
 

@@ -5,6 +5,7 @@ train.py and eval.py run their real Hydra applications in-process (``sys.argv`` 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,18 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         "data.root={tmp}/nope: does not exist; expected the folder holding dataset 'camvid'",
     ),
     ("train.py", ["optimizer.lr=-1"], "optimizer.lr=-1: expected a number >= 0"),
+    (  # a boolean key takes true or false only: 'no' would be a string, read as true
+        "train.py",
+        ["loss.dice_present_only=no", "check_memory=abc"],
+        "check_memory='abc': expected true or false; loss.dice_present_only='no': expected true or false",
+    ),
+    ("train.py", ["model.head_channels=abc"], "model.head_channels='abc': expected an integer"),
+    ("eval.py", ["checkpoint={text}", "inference.flip=off"], "inference.flip='off': expected true or false"),
+    (
+        "segattn.predict",
+        ["checkpoint={text}", "input={tmp}", "out={tmp}/o", "stream=yes"],
+        "stream='yes': expected true or false",
+    ),
     ("train.py", ["trainer.precision=bf17"], "trainer.precision='bf17': expected one of 64-true, 32-true"),
     (
         "train.py",
@@ -244,6 +257,39 @@ def test_a_key_is_checked_by_its_own_commands_rule_only():
         config.check_values(
             cli.compose_command("export", ["checkpoint=x", "format=onnx", "out=x", "height=0"]), "export"
         )
+
+
+COMMANDS = {  # each command's required keys, filled
+    "train": [],
+    "eval": ["checkpoint=x.ckpt"],
+    "predict": ["checkpoint=x.ckpt", "input=x.png", "out=masks"],
+    "export": ["checkpoint=x.ckpt", "format=onnx", "out=exported"],
+    "doctor": [],
+    **{f"bench/{part}": [] for part in ("op", "model", "maxres", "raster", "accuracy")},
+}
+WRONG_TYPE = {bool: "no", int: "abc", float: "abc", str: ["a", "b"]}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_typed_key_of_every_command_refuses_a_value_of_another_type(command):
+    """Walks every key of the composed config whose default is a boolean, an integer, a number or a string,
+    sets it to a value of another type, and expects one problem naming that key and value."""
+    assert sorted(COMMANDS) == sorted(config.SCHEMAS)
+    cfg = cli.compose_command(command, COMMANDS[command])
+    defaults = cli.defaults_config(command, COMMANDS[command])
+    typed = [
+        (key, value)
+        for key, value in checks.leaves(OmegaConf.to_container(defaults))
+        if type(value) in WRONG_TYPE
+    ]
+    assert len(typed) >= 5
+    for key, default in typed:
+        wrong = copy.deepcopy(cfg)
+        OmegaConf.update(wrong, key, WRONG_TYPE[type(default)], merge=False)
+        with pytest.raises(ValueError) as refused:
+            config.check_values(wrong, command, defaults)
+        assert f"{key}={checks.shown(WRONG_TYPE[type(default)])}: expected" in str(refused.value), key
+    config.check_values(cfg, command, defaults)  # the defaults themselves pass
 
 
 def test_the_export_formats_checked_are_the_ones_export_writes():

@@ -202,7 +202,7 @@ def test_predict_into_a_folder_that_refuses_writes_is_one_line(
     argv = [f"checkpoint={exported}", f"input={places['images']}", f"out={out}"]
     assert predict_main(argv) == EXIT_FAILED
     assert one_line(capsys).startswith(f"segattn.predict: {expected.format(masks=out / 'masks')}")
-    assert list((out / "masks").iterdir()) == []  # no temporary file left
+    assert not out.exists()  # no temporary file, no empty masks folder: out was new, so it goes too
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # developers get the traceback
     with pytest.raises(DiskError):
         predict_main(argv)
@@ -217,6 +217,29 @@ def test_a_full_disk_under_torch_save_is_one_line_and_leaves_the_old_file(tmp_pa
     with pytest.raises(DiskError, match=rf"^no space left on {path.parent}: writing last.ckpt; free some"):
         atomic_save({"step": 2, "weights": torch.zeros(1000)}, path)
     assert torch.load(path)["step"] == 1 and files.temp_files(path) == []
+
+
+@pytest.mark.parametrize(
+    ("fmt", "written"), [("torchscript", "model.pt"), ("safetensors", "model.safetensors")]
+)
+def test_an_export_to_a_full_disk_is_one_line_and_leaves_nothing(fmt, written, exported, tmp_path, capsys):
+    """torch.jit.save on a full disk aborted the process (status 134, C++ frames) and left a 1 MiB temporary
+    file; safetensors' writer was reported as an unreadable input file."""
+    out = tmp_path / "new" / fmt
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files.os, "open", refuse(errno.ENOSPC, out))
+        assert export_main([f"checkpoint={exported}", f"format={fmt}", f"out={out}"]) == EXIT_FAILED
+    assert one_line(capsys) == (
+        f"segattn.export: no space left on {out}: writing {written}; free some space or write elsewhere"
+    )
+    assert not (tmp_path / "new").exists()  # the folders export made are gone with the temporary file
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files.os, "open", refuse(errno.ENOSPC, existing))
+        assert export_main([f"checkpoint={exported}", f"format={fmt}", f"out={existing}"]) == EXIT_FAILED
+    capsys.readouterr()
+    assert existing.is_dir() and list(existing.iterdir()) == []  # a folder that was there stays
 
 
 def test_a_full_disk_mid_write_is_named_by_the_writer(tmp_path):

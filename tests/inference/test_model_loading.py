@@ -119,3 +119,20 @@ def test_a_missing_model_is_named_with_what_was_expected(tmp_path):
         f"checkpoint={tmp_path / 'gone.ckpt'}: no such file or directory; expected a train.py .ckpt, an "
         "exported safetensors directory or a model.onnx"
     )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"flip": "no"}, "inference.flip='no': expected true or false"),
+        ({"crop_batch_size": 2.5}, "inference.crop_batch_size=2.5: expected an integer >= 1"),
+        ({"probabilities": "no"}, "probabilities='no': expected True or False"),
+    ],
+)
+def test_predict_takes_booleans_and_integers_only_of_their_type(tmp_path, arguments, message):
+    """In Python as on the command line: flip="no" is refused, not read as true (it flipped)."""
+    opened = segattn.open_model(write_checkpoint(tmp_path / "last.ckpt", tiny_model("linear", seed=0)))
+    image = torch.randint(0, 255, (18, 20, 3), dtype=torch.uint8).numpy()
+    with pytest.raises(ValueError) as refused:
+        opened.predict(image, **arguments)
+    assert str(refused.value) == message

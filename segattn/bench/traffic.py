@@ -1,0 +1,210 @@
+"""Bytes a training step moves, by component and phase, counted op by op on fake tensors: nothing is
+allocated or computed, so a 4096² step of any model is counted on a CPU in seconds.
+
+Each ATen op is charged the bytes of its tensor inputs and outputs (it reads each input and writes each
+output once; views move nothing). A forward op is charged to the innermost module running it; a backward op
+to the module whose forward created the autograd node it belongs to (a node made inside an autograd Function
+or by a view takes the component of the node that consumed its output). Ops of a forward recomputed in
+backward (``model.grad_checkpointing``) count as backward. The step is the LightningModule's own
+(``SegmentationModule.head_losses``: the configured loss, chunked or not, auxiliary head included), with
+``bf16-mixed`` as autocast on the CPU (the CPU's autocast op list, which casts the same matmuls and
+convolutions as CUDA's). The PyTorch paths of the attention run, not the Triton kernels, which need a GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# Components in the order a table lists them; ``component_of`` maps a module path to one.
+FEED_FORWARD = "feed-forward (Mix-FFN / MLP)"
+HEAD = "decode head"
+LOSS = "loss (upsampling to the image, cross-entropy)"
+PROJECTIONS = "qkv and proj linears"
+NORMS = "norms and residual adds"
+ATTENTION = "attention core"
+REST = "patch embeddings and the rest"
+COMPONENTS = (FEED_FORWARD, HEAD, LOSS, PROJECTIONS, NORMS, ATTENTION, REST)
+PROJECTION_NAMES = {"qkv", "q", "k", "v", "kv", "proj"}
+PHASES = ("forward", "backward")
+
+
+def component_of(path: str) -> str:
+    """The component of a module path of a SegmentationModule (``model.encoder.stages.0.blocks.1.mlp.fc1``;
+    ``criterion``; ``model`` for the Segmentor's own ops, the upsampling of the logits to the image)."""
+    parts = path.split(".")
+    if parts[0] == "criterion" or path == "model":
+        return LOSS
+    if "head" in parts or "aux_head" in parts:
+        return HEAD
+    if "mlp" in parts:
+        return FEED_FORWARD
+    if "attn" in parts:
+        return PROJECTIONS if parts[-1] in PROJECTION_NAMES else ATTENTION
+    if parts[-1] in ("norm1", "norm2") or (len(parts) > 1 and parts[-2] == "blocks"):
+        return NORMS  # a block's own ops are its residual adds
+    return REST
+
+
+@dataclass
+class StepTraffic:
+    """Bytes moved per (component, phase), and per ATen op name for the curious."""
+
+    bytes: collections.Counter[tuple[str, str]]
+    by_op: collections.Counter[tuple[str, str]]
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def rows(self, bandwidth: float) -> list[dict[str, Any]]:
+        """One row per component (and a total): GB forward, backward and together, share, and the ms those
+        bytes take at ``bandwidth`` bytes/s."""
+        total = self.total
+        rows = []
+        for component in (*COMPONENTS, "total"):
+            if component == "total":
+                fwd = sum(b for (_, phase), b in self.bytes.items() if phase == "forward")
+                bwd = total - fwd
+            else:
+                fwd, bwd = self.bytes[(component, "forward")], self.bytes[(component, "backward")]
+            rows.append(
+                {
+                    "component": component,
+                    "forward_gb": round(fwd / 1e9, 2),
+                    "backward_gb": round(bwd / 1e9, 2),
+                    "total_gb": round((fwd + bwd) / 1e9, 2),
+                    "share_percent": round(100 * (fwd + bwd) / max(total, 1), 1),
+                    "ms_at_bandwidth": round(1e3 * (fwd + bwd) / bandwidth, 2),
+                }
+            )
+        return rows
+
+
+class ModulePaths:
+    """The path of the innermost module whose forward is running (global forward hooks), and a tag of the
+    same path on each autograd node created there (a torch-function mode sees each op's outputs)."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.names = {id(module): name for name, module in root.named_modules()}
+        self.stack: list[str] = []
+        self.node_paths: dict[Any, str] = {}
+
+    def pre_hook(self, module: nn.Module, args: Any) -> None:
+        name = self.names.get(id(module))
+        if name is not None:
+            self.stack.append(name)
+
+    def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.names.get(id(module)) is not None:
+            self.stack.pop()
+        self.tag(output)
+
+    def tag(self, output: Any) -> None:
+        if not self.stack:
+            return
+        for tensor in tree_leaves(output):
+            node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
+            if node is not None and node not in self.node_paths:
+                self.node_paths[node] = self.stack[-1]
+
+    def inherit(self, loss_node: Any) -> None:
+        """Give each untagged node of the backward graph its consumer's path (an autograd Function's node,
+        a view's), walking from the loss."""
+        queue = collections.deque([(loss_node, "model")])
+        seen = set()
+        while queue:
+            node, consumer_path = queue.popleft()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            path = self.node_paths.setdefault(node, consumer_path)
+            queue.extend((child, path) for child, _ in node.next_functions)
+
+
+class TagOutputs(TorchFunctionMode):
+    def __init__(self, paths: ModulePaths) -> None:
+        super().__init__()
+        self.paths = paths
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        output = func(*args, **(kwargs or {}))
+        self.paths.tag(output)
+        return output
+
+
+class CountBytes(TorchDispatchMode):
+    """Charges each ATen op its tensors' bytes, to the running module (forward) or the module of the autograd
+    node being run (backward)."""
+
+    def __init__(self, paths: ModulePaths) -> None:
+        super().__init__()
+        self.paths = paths
+        self.traffic = StepTraffic(collections.Counter(), collections.Counter())
+        self.in_backward = False  # set by the caller around ``loss.backward()``
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        output = func(*args, **(kwargs or {}))
+        if func.namespace not in ("aten", "segattn") or func.is_view:
+            return output  # metadata queries and views move no bytes
+        tensors = [t for t in tree_leaves((args, kwargs, output)) if isinstance(t, torch.Tensor)]
+        moved = sum(t.numel() * t.element_size() for t in tensors)
+        node = torch._C._current_autograd_node()
+        # the running module (a forward, or one recomputed in backward), else the node's (None: the loss's
+        # own gradient, or ops between modules in forward)
+        path = self.paths.stack[-1] if self.paths.stack else self.paths.node_paths.get(node, "model")
+        phase = "backward" if self.in_backward else "forward"
+        self.traffic.bytes[(component_of(path), phase)] += moved
+        self.traffic.by_op[(str(func.overloadpacket), phase)] += moved
+        return output
+
+
+@contextmanager
+def module_hooks(paths: ModulePaths) -> Iterator[None]:
+    pre = nn.modules.module.register_module_forward_pre_hook(paths.pre_hook)
+    post = nn.modules.module.register_module_forward_hook(paths.post_hook)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def step_traffic(
+    module: nn.Module, batch: int, height: int, width: int, precision: str = "bf16-mixed"
+) -> StepTraffic:
+    """The bytes one training step of ``module`` (a SegmentationModule) moves on a batch of ``batch``
+    images of ``height`` × ``width``: the loss of ``head_losses`` (plus the auxiliary head's, weighted) and
+    its backward. ``precision``: ``bf16-mixed`` (autocast) or ``32-true``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if precision not in ("bf16-mixed", "32-true"):
+        raise ValueError(f"precision={precision!r}: expected bf16-mixed or 32-true")
+    paths = ModulePaths(module)
+    with ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        images = torch.empty(batch, 3, height, width)
+        masks = torch.zeros(batch, height, width, dtype=torch.long)
+        counter = stack.enter_context(CountBytes(paths))
+        stack.enter_context(module_hooks(paths))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+        with autocast, TagOutputs(paths):
+            loss, aux_loss = module.head_losses(images, masks)
+            if aux_loss is not None:
+                loss = loss + module.model.aux_weight * aux_loss
+        paths.inherit(loss.grad_fn)
+        counter.in_backward = True
+        loss.backward()
+    return counter.traffic
+
+
+__all__ = ["COMPONENTS", "StepTraffic", "component_of", "step_traffic"]

@@ -1,0 +1,89 @@
+"""bench traffic's counter (segattn/bench/traffic.py): bytes per op on fake tensors, charged to components."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from train_overrides import TINY_MODEL
+
+from segattn.bench.traffic import (
+    ATTENTION,
+    COMPONENTS,
+    FEED_FORWARD,
+    HEAD,
+    LOSS,
+    NORMS,
+    PROJECTIONS,
+    REST,
+    component_of,
+    step_traffic,
+)
+from segattn.cli import compose_command
+from segattn.config import plain
+from segattn.data.datamodule import SegDataModule
+from segattn.training.run import build_module
+
+
+class OneConvStep(nn.Module):
+    """A step whose bytes are known by hand: a 1x1 convolution (the head) and a sum (the loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.head = nn.Conv2d(3, 2, 1, bias=False)
+        self.model.aux_weight = 0.4
+
+    def head_losses(self, images, masks):
+        return self.model.head(images).sum(), None
+
+
+def test_forward_bytes_are_each_ops_inputs_and_outputs():
+    height, width = 8, 6
+    pixels = height * width
+    traffic = step_traffic(OneConvStep(), 1, height, width, precision="32-true")
+    # convolution: reads the image and the 2x3 weight, writes 2 channels; sum: reads them, writes a scalar
+    assert traffic.bytes[(HEAD, "forward")] == 4 * (3 * pixels + 6 + 2 * pixels)
+    assert traffic.bytes[(LOSS, "forward")] == 4 * (2 * pixels + 1)
+    assert traffic.bytes[(HEAD, "backward")] > 4 * 2 * pixels  # at least the gradient of the output, read
+    assert traffic.total == sum(traffic.bytes.values())
+
+
+@pytest.mark.parametrize(
+    ("path", "component"),
+    [
+        ("model.encoder.stages.0.blocks.1.mlp.fc1", FEED_FORWARD),
+        ("model.encoder.stages.0.blocks.1.attn.qkv", PROJECTIONS),
+        ("model.encoder.stages.0.blocks.1.attn", ATTENTION),
+        ("model.encoder.stages.0.blocks.1.norm1", NORMS),
+        ("model.encoder.stages.0.blocks.1", NORMS),
+        ("model.head.fuse.conv", HEAD),
+        ("model", LOSS),
+        ("criterion", LOSS),
+        ("model.encoder.patch_embed.proj", REST),
+    ],
+)
+def test_module_paths_map_to_components(path, component):
+    assert component_of(path) == component
+
+
+def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_backward():
+    def traffic(*overrides):
+        cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none", *overrides])
+        return step_traffic(build_module(cfg, SegDataModule(**plain(cfg.data))), 1, 64, 64)
+
+    plain_step, recomputed = traffic(), traffic("model.grad_checkpointing=true")
+    for component in COMPONENTS:
+        assert plain_step.bytes[(component, "forward")] > 0, component
+    forward = sum(plain_step.bytes[(c, "forward")] for c in COMPONENTS)
+    assert recomputed.bytes[(FEED_FORWARD, "forward")] == plain_step.bytes[(FEED_FORWARD, "forward")]
+    assert sum(recomputed.bytes[(c, "backward")] for c in COMPONENTS) > plain_step.total - forward
+    rows = plain_step.rows(bandwidth=1e12)
+    assert [row["component"] for row in rows] == [*COMPONENTS, "total"]
+    assert rows[-1]["ms_at_bandwidth"] == pytest.approx(plain_step.total / 1e9, abs=0.01)
+    assert torch.get_default_dtype() == torch.float32  # nothing leaked out of the fake-tensor mode
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match=r"precision='fp8': expected bf16-mixed or 32-true"):
+        step_traffic(OneConvStep(), 1, 4, 4, precision="fp8")
