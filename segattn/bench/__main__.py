@@ -1,4 +1,4 @@
-"""python -m segattn.bench op|model|maxres|raster|accuracy [key=value ...]
+"""python -m segattn.bench op|model|maxres|raster|traffic|accuracy [key=value ...]
 
 Speed, memory and reach, one part at a time, each configured by Hydra like every segattn command
 (conf/bench/<part>.yaml; `python -m segattn.bench <part> --help` lists its keys):
@@ -6,6 +6,7 @@ Speed, memory and reach, one part at a time, each configured by Hydra like every
   model     one full training step per model, variant, image size and batch
   maxres    the largest square image that trains within a memory budget
   raster    streaming predict of a generated GeoTIFF: peak resident memory, windows per second
+  traffic   bytes a training step moves by component, counted on fake tensors on the CPU
   accuracy  test scores against training cost: trains every arm of an experiment (resumable)
 
 A key left null takes its value from the part's grid (grid=auto: cuda on a GPU, else cpu; grid=smoke:
@@ -36,7 +37,8 @@ from .measure import total_memory_budget
 from .specs import Spec, parse_count, parse_image_size, spec_of
 
 PROG = "python -m segattn.bench"
-PARTS = ("op", "model", "maxres", "raster", "accuracy")
+PARTS = ("op", "model", "maxres", "raster", "traffic", "accuracy")
+GROUPS = {"traffic": ("model", "attention", "loss")}  # train.py's config groups a part composes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,18 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     if part not in PARTS:
         print(f"{PROG}: {part!r} is not a part; expected one of {', '.join(PARTS)}", file=sys.stderr)
         return EXIT_CONFIG
-    return run_command(f"{PROG} {part}", f"bench/{part}", lambda cfg: bench(part, cfg), argv[1:])
+    return run_command(
+        f"{PROG} {part}", f"bench/{part}", lambda cfg: bench(part, cfg), argv[1:], GROUPS.get(part, ())
+    )
 
 
 def bench(part: str, cfg: DictConfig) -> int:
     """Check the part's settings on the device, then create the output folder and run the part."""
     reuse_freed_memory()  # as a training run with the same environment; memory children set their own
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(  # a part without the key (traffic) runs on the CPU
+        OmegaConf.select(cfg, "device", default="cpu") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     if device.type == "cuda" and device.index is None:  # memory-fraction calls need an explicit index
         device = torch.device("cuda", torch.cuda.current_device())
     values = with_grid(cfg, device)
     run = SETTINGS[part](values, cfg, device)
-    if cfg.threads:
+    if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
     out_dir = Path(cfg.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,10 +78,13 @@ def bench(part: str, cfg: DictConfig) -> int:
 
 
 def with_grid(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
-    """The part's keys as plain values, each null one taken from the grid (``grid=auto``: the device's)."""
-    grid = device.type if cfg.grid == "auto" else cfg.grid
+    """The part's keys as plain values, each null one taken from the grid (``grid=auto``: the device's);
+    a part without grids (traffic) as they are."""
     values = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(values, dict)
+    if "grids" not in values:
+        return values
+    grid = device.type if cfg.grid == "auto" else cfg.grid
     chosen = values.pop("grids")[grid]
     return values | {key: value for key, value in chosen.items() if values.get(key) is None}
 
@@ -225,6 +234,23 @@ def raster_settings(values: dict[str, Any], cfg: DictConfig, device: torch.devic
     return lambda out_dir: run(settings, out_dir)
 
 
+def traffic_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    """train.py's module for the model, attention and loss groups, built before the output folder exists
+    (options it refuses are a ConfigError)."""
+    from .model import training_module
+    from .traffic import run
+
+    kwargs = {**values["model"], "num_classes": values["num_classes"]}
+    kwargs |= {"attention": values["attention"]["name"], "attention_options": values["attention"]["options"]}
+    try:
+        module = training_module(kwargs, values["loss"])
+    except (ValueError, TypeError) as error:
+        raise ConfigError(
+            f"model={values['model']['name']} attention={kwargs['attention']}: {error}"
+        ) from None
+    return lambda out_dir: run(module, values, out_dir)
+
+
 def accuracy_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
     """The experiment composed with the overrides passes train.py's checks; its arms are the variants
     set on the command line, or else the experiment's table (``arms`` picks some), or else the grid's."""
@@ -277,6 +303,7 @@ SETTINGS: dict[str, Callable[[dict[str, Any], DictConfig, torch.device], Run]] =
     "model": model_settings,
     "maxres": maxres_settings,
     "raster": raster_settings,
+    "traffic": traffic_settings,
     "accuracy": accuracy_settings,
 }
 

@@ -276,6 +276,13 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             "baseline": unset_or("true or false", lambda v: isinstance(v, bool)),
         }
     ),
+    "bench/traffic": Schema(
+        {
+            **{key: ("an integer >= 1", int_at_least(1)) for key in ("size", "batch", "num_classes")},
+            "precision": ("one of bf16-mixed, 32-true", lambda v: v in ("bf16-mixed", "32-true")),
+            "bandwidth": ("a number > 0 (bytes/s)", positive_number),
+        }
+    ),
     "bench/accuracy": Schema(
         {
             **BENCH,
