@@ -1,4 +1,4 @@
-"""python -m segattn.bench op|model|maxres|raster|traffic|accuracy [key=value ...]
+"""python -m segattn.bench op|model|maxres|raster|traffic [key=value ...]
 
 Speed, memory and reach, one part at a time, each configured by Hydra like every segattn command
 (conf/bench/<part>.yaml; `python -m segattn.bench <part> --help` lists its keys):
@@ -7,13 +7,13 @@ Speed, memory and reach, one part at a time, each configured by Hydra like every
   maxres    the largest square image that trains within a memory budget
   raster    streaming predict of a generated GeoTIFF: peak resident memory, windows per second
   traffic   bytes a training step moves by component, counted on fake tensors on the CPU
-  accuracy  test scores against training cost: trains every arm of an experiment (resumable)
 
 A key left null takes its value from the part's grid (grid=auto: cuda on a GPU, else cpu; grid=smoke:
 seconds, for CI). Results go to bench_results/<timestamp>/ (git-ignored) unless out= is given. Every key,
-SEGATTN_KERNEL, the variants, models and kernels (triton needs CUDA or TRITON_INTERPRET=1) and, for
-accuracy, the experiment with its overrides are checked before the output folder exists: a refusal is one
-line on stderr and status 2, a failed run status 1; HYDRA_FULL_ERROR=1 shows the traceback instead.
+SEGATTN_KERNEL, the variants, models and kernels (triton needs CUDA or TRITON_INTERPRET=1) are checked
+before the output folder exists: a refusal is one line on stderr and status 2, a failed run status 1;
+HYDRA_FULL_ERROR=1 shows the traceback instead. Accuracy studies are `train.py -m` sweeps
+(docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ from ..cli import run_command
 from ..cpu_memory import reuse_freed_memory
 from ..errors import EXIT_CONFIG, ConfigError
 from . import report
-from .measure import total_memory_budget
 from .specs import Spec, parse_count, parse_image_size, spec_of
 
 PROG = "python -m segattn.bench"
-PARTS = ("op", "model", "maxres", "raster", "traffic", "accuracy")
+PARTS = ("op", "model", "maxres", "raster", "traffic")
 GROUPS = {"traffic": ("model", "attention", "loss")}  # train.py's config groups a part composes
 
 
@@ -251,60 +250,12 @@ def traffic_settings(values: dict[str, Any], cfg: DictConfig, device: torch.devi
     return lambda out_dir: run(module, values, out_dir)
 
 
-def accuracy_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
-    """The experiment composed with the overrides passes train.py's checks; its arms are the variants
-    set on the command line, or else the experiment's table (``arms`` picks some), or else the grid's."""
-    from ..cli import compose_command
-    from ..config import check_values
-    from .accuracy import AccuracySettings, run
-    from .arms import experiment_table
-
-    experiment, overrides = values["train_experiment"], values["overrides"]
-    check_values(compose_command("train", [f"experiment={experiment}", *overrides]), "train")
-    try:
-        table = experiment_table(experiment, overrides)
-        picked = table.select(values["arms"], experiment) if table is not None else None
-    except ValueError as error:  # a bad arm in the experiment file, or arms= that it lacks
-        raise ConfigError(str(error)) from None
-    if values["arms"] and (table is None or cfg.variants):
-        raise ConfigError(
-            f"arms={values['arms']}: experiment {experiment} has no table.arms to pick from"
-            if table is None
-            else f"arms={values['arms']}: picks arms of the experiment's table; variants= replaces the table"
-        )
-    if cfg.variants:
-        arms = variants(OmegaConf.to_container(cfg.variants))
-    elif picked is not None:
-        arms = picked
-    else:
-        arms = variants(values["variants"])
-    budget = values["budget_gib"]
-    settings = AccuracySettings(
-        experiment=experiment,
-        variants=arms,
-        seeds=table.seeds if table is not None and cfg.seeds is None else values["seeds"],
-        overrides=overrides,
-        jobs=values["jobs"],
-        threads=values["threads"] or None,
-        repeats=values["repeats"],
-        maxres_budget_gib=(budget or total_memory_budget(device) / (1 << 30)) if values["maxres"] else None,
-        maxres_start=values["start"],
-        maxres_step=values["step"],
-        maxres_max_size=values["max_size"],
-        maxres_timeout=values["probe_timeout"],
-        clock=values["clock"],
-        only=values["only"],
-    )
-    return lambda out_dir: run(settings, device, out_dir)
-
-
 SETTINGS: dict[str, Callable[[dict[str, Any], DictConfig, torch.device], Run]] = {
     "op": op_settings,
     "model": model_settings,
     "maxres": maxres_settings,
     "raster": raster_settings,
     "traffic": traffic_settings,
-    "accuracy": accuracy_settings,
 }
 
 

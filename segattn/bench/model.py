@@ -1,14 +1,14 @@
 """``bench model``: one full training step (forward, the training module's loss, backward, AdamW step) per
 model and variant.
 
-A variant spec's options go to the attention when it accepts them and to the model family otherwise, so
-``softmax:sr_ratios=[1,1,1,1]`` is PVT with softmax and no spatial reduction. Each variant runs as the
-user would run it: eager and, with ``--compile``, compiled (``linear+compile``), on each kernel path of
-``--kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are
-square (``2048``) or not (``4288x2848``, width x height), at each batch of ``--batch``. Steps of all rows
-at one image size and batch are timed round-robin after warm-up rounds that include compilation; peak
-memory (weights, optimizer state and activations, also per megapixel of the batch) comes from a fresh
-child per (model, variant).
+A variant's options go to the attention when it accepts them and to the model family otherwise, so ``{name:
+softmax, sr_ratios: [1,1,1,1]}`` is PVT with softmax and no spatial reduction. Each variant runs as the user
+would run it: eager and, with ``compile=true``, compiled (``linear+compile``), on each kernel path of
+``kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are square
+(``2048``) or not (``4288x2848``, width x height), at each batch of ``batch``. Steps of all rows at one image
+size and batch are timed round-robin after warm-up rounds that include compilation; peak memory (weights,
+optimizer state and activations, also per megapixel of the batch) comes from a fresh child per (model,
+variant).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ elementwise pass, also pays a launch. ``kernels`` times each variant with a Trit
 path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN_KERNEL as a module
 attribute), and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block, warps,
 reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
-``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
+``compile=true`` adds the plain formulas under torch.compile (which never run the Triton kernels).
 Every timed configuration gets at least ``MIN_REPEATS`` repeats after warm-up calls that include
 compilation; one call per variant is then profiled into host and device time (``profile``).
 """

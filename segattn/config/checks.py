@@ -283,17 +283,6 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             "bandwidth": ("a number > 0 (bytes/s)", positive_number),
         }
     ),
-    "bench/accuracy": Schema(
-        {
-            **BENCH,
-            **BENCH_SEARCH,
-            "seeds": unset_or("a list of integers >= 0", list_of(int_at_least(0))),
-            "jobs": ("an integer >= 1", int_at_least(1)),
-            "repeats": unset_or("an integer >= 1", int_at_least(1)),
-            "maxres": ("true or false", lambda v: isinstance(v, bool)),
-            "only": ("null, train, costs or table", lambda v: v in (None, "train", "costs", "table")),
-        }
-    ),
 }
 # Keys a command no longer reads, with the key that replaced each: typed on a command line, the old one is
 # refused naming the new one (``check_renamed``) instead of Hydra's "Could not override" traceback.
@@ -326,7 +315,7 @@ BUILDS_A_MODEL = (
     "eval",
     "predict",
     "export",
-    *(f"bench/{part}" for part in ("op", "model", "maxres", "raster", "accuracy")),
+    *(f"bench/{part}" for part in ("op", "model", "maxres", "raster", "traffic")),
 )
 ABSENT = object()
 

@@ -7,7 +7,6 @@ part writes its table, CSV and PNG with the expected rows and columns.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -168,42 +167,3 @@ def test_bench_op_compile_times_a_compiled_twin_beside_each_variant(tmp_path):
     for tokens in (256, 1024):
         for variant in ("flatten", "flatten+compile"):
             assert rows[variant, tokens]["status"] == "ok" and float(rows[variant, tokens]["seconds"]) > 0
-
-
-@pytest.mark.slow
-def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
-    """Costs measured alone first (only=costs), then two variants trained through train.py, tested, and
-    tabled with those costs reused; only=table tables the finished runs without training; a rerun keeps
-    finished runs and resumes an interrupted one from its last.ckpt instead of starting over."""
-    args = ["accuracy", "grid=smoke", "device=cpu", "threads=1", f"out={tmp_path}"]
-    main([*args, "only=costs"])
-    assert not (tmp_path / "runs").exists()
-    costs = json.loads((tmp_path / "costs.json").read_text())
-    assert set(costs["steps"]) == set(costs["maxres"]) == {"sra", "linear"}
-    main(args)
-    assert "accuracy" in capsys.readouterr().out
-    runs = {r["variant"]: r for r in read_csv(tmp_path / "accuracy.csv")}
-    assert set(runs) == {"sra", "linear"} and all(r["status"] == "ok" for r in runs.values())
-    assert all(0 <= float(r["test_mIoU"]) <= 100 and int(r["steps"]) == 2 for r in runs.values())
-    table = {r["variant"]: r for r in read_csv(tmp_path / "accuracy_table.csv")}
-    for row in table.values():
-        assert row["seeds"] == "1" and float(row["step_seconds"]) > 0 and int(row["peak_bytes"]) > 0
-        assert int(row["maxres"]) == 64  # the smoke search stops at 64²
-        assert float(row["step_seconds"]) == costs["steps"][row["variant"]]["step_seconds"]  # not re-timed
-    markdown = (tmp_path / "accuracy.md").read_text().splitlines()
-    assert [line.split("|")[1].strip() for line in markdown[2:]] == ["`sra`", "`linear`"]
-    assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    finished, interrupted = (tmp_path / "runs" / name for name in ("sra-seed0", "linear-seed0"))
-    finished_log = (finished / "train_stdout.log").stat().st_size
-    (interrupted / "summary.json").unlink()  # as if killed after its last checkpoint, before testing
-    interrupted_log = (interrupted / "train_stdout.log").stat().st_size
-    main([*args, "only=table"])  # the finished run alone, nothing trained
-    assert [r["variant"] for r in read_csv(tmp_path / "accuracy.csv")] == ["sra"]
-    assert (interrupted / "train_stdout.log").stat().st_size == interrupted_log
-    main(args)
-    assert (finished / "train_stdout.log").stat().st_size == finished_log  # not trained again
-    assert ": resuming from " in (interrupted / "train_stdout.log").read_text()
-    rerun = {r["variant"]: r for r in read_csv(tmp_path / "accuracy.csv")}
-    assert rerun["sra"]["test_mIoU"] == runs["sra"]["test_mIoU"]
-    assert rerun["linear"]["status"] == "ok" and int(rerun["linear"]["steps"]) == 2
