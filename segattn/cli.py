@@ -104,6 +104,8 @@ def usage(config_name: str) -> str:
     for line in (config_dir() / f"{config_name}.yaml").read_text().splitlines():
         if not line.startswith("#"):
             break
+        if line.startswith("# @package"):  # Hydra's header of a command in a folder (conf/bench/<part>.yaml)
+            continue
         lines.append(line.lstrip("#").removeprefix(" "))
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """The one error type of every refusal a user can act on, and the one table that turns the known third-party
 failures into it (``translate``). Each command maps them, once, at its entry (``segattn.cli`` for train,
 eval, predict, export and the doctor; ``segattn.bench.__main__`` for the bench) to one line on stderr and an
-exit status; ``HYDRA_FULL_ERROR=1`` (the bench: ``--debug``) shows the traceback instead.
+exit status; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
 
 Exit statuses (docs/troubleshooting.md):
 

@@ -1,241 +1,263 @@
-"""``python -m segattn.bench {op,model,maxres,accuracy,raster,all} [--smoke] [--out DIR]``: see ``--help``
-of each part (``all`` runs op, model and maxres; ``accuracy`` trains and ``raster`` streams a generated
-20k² GeoTIFF through predict, each run on its own).
+"""python -m segattn.bench op|model|maxres|raster|traffic [key=value ...]
 
-Defaults depend on the device (CPU grids are smaller); ``--smoke`` shrinks everything to seconds for CI.
-Results go to ``bench_results/<timestamp>/`` (git-ignored) unless ``--out`` is given.
+Speed, memory and reach, one part at a time, each configured by Hydra like every segattn command
+(conf/bench/<part>.yaml; `python -m segattn.bench <part> --help` lists its keys):
+  op        each attention variant's token mixing against the memory-traffic floor
+  model     one full training step per model, variant, image size and batch
+  maxres    the largest square image that trains within a memory budget
+  raster    streaming predict of a generated GeoTIFF: peak resident memory, windows per second
+  traffic   bytes a training step moves by component, counted on fake tensors on the CPU
 
-Flags, SEGATTN_KERNEL and (accuracy) the experiment with its ``--overrides`` are checked before the output
-folder exists. A refusal or a failed run is one line on stderr (``segattn.errors``): status 2 for the
-command line or the environment, 1 for a run that failed; ``--debug`` shows the traceback instead.
+A key left null takes its value from the part's grid (grid=auto: cuda on a GPU, else cpu; grid=smoke:
+seconds, for CI). Results go to bench_results/<timestamp>/ (git-ignored) unless out= is given. Every key,
+SEGATTN_KERNEL, the variants, models and kernels (triton needs CUDA or TRITON_INTERPRET=1) are checked
+before the output folder exists: a refusal is one line on stderr and status 2, a failed run status 1;
+HYDRA_FULL_ERROR=1 shows the traceback instead. Accuracy studies are `train.py -m` sweeps
+(docs/accuracy.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from ..attention import available_attention
+from ..cli import run_command
 from ..cpu_memory import reuse_freed_memory
-from ..errors import ConfigError
+from ..errors import EXIT_CONFIG, ConfigError
 from . import report
-from .arguments import parse_args
-from .measure import total_memory_budget
-from .specs import parse_count, parse_spec
+from .specs import Spec, parse_count, parse_image_size, spec_of
 
-# Per part and device kind ("smoke" for --smoke): the defaults of every option left unset.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "op": {
-        "smoke": {"sizes": ["256", "1k"], "repeats": 5, "config_seconds": 1.0, "max_call_seconds": 5.0},
-        "cpu": {"sizes": ["1k", "4k", "16k", "64k", "256k"], "repeats": 5, "config_seconds": 20.0}
-        | {"max_call_seconds": 60.0},
-        "cuda": {"sizes": ["1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k", "256k"], "repeats": 20}
-        | {"config_seconds": 2.0, "max_call_seconds": 10.0, "kernels": ["torch", "triton"]},
-    },
-    "model": {
-        "smoke": {"image_sizes": [64], "repeats": 5, "dtypes": ["fp32"], "max_step_seconds": 30.0},
-        "cpu": {"image_sizes": [256, 512, 1024], "repeats": 5, "dtypes": ["fp32"], "max_step_seconds": 300.0},
-        "cuda": {"image_sizes": [256, 512, 1024, 2048], "repeats": 10, "dtypes": ["bf16"]}
-        | {"max_step_seconds": 30.0},
-    },
-    "maxres": {
-        "smoke": {"start": 64, "step": 32, "max_size": 64, "budget_gib": 2.0, "probe_timeout": 120.0},
-        "cpu": {"start": 512, "step": 128, "max_size": 8192, "budget_gib": None, "probe_timeout": 900.0},
-        "cuda": {"start": 1024, "step": 128, "max_size": 16384, "budget_gib": None, "probe_timeout": 600.0},
-    },
-    "raster": {
-        "smoke": {"size": 1024, "crop": 256},
-        "cpu": {"size": 20000, "crop": 1024},
-        "cuda": {"size": 20000, "crop": 1024},  # predict streams on the CPU either way
-    },
-    "accuracy": {
-        "smoke": {"experiment": "accuracy_smoke", "seeds": [0], "repeats": 1, "budget_gib": 1.0}
-        | {"start": 64, "step": 32, "max_size": 64, "probe_timeout": 120.0},
-        "cpu": {"experiment": "accuracy_camvid_cpu", "seeds": [0, 1], "repeats": 3, "budget_gib": 2.0}
-        | {"start": 512, "step": 128, "max_size": 16384, "probe_timeout": 300.0},
-        "cuda": {"experiment": "accuracy_camvid_gpu", "seeds": [0, 1, 2], "repeats": 10, "budget_gib": None}
-        | {"start": 1024, "step": 128, "max_size": 16384, "probe_timeout": 600.0},
-    },
-}
+PROG = "python -m segattn.bench"
+PARTS = ("op", "model", "maxres", "raster", "traffic")
+GROUPS = {"traffic": ("model", "attention", "loss")}  # train.py's config groups a part composes
 
 
-def preset(args: argparse.Namespace, part: str, device: torch.device) -> dict[str, Any]:
-    """The preset for ``part`` with every option the user set on the command line laid over it."""
-    values = dict(PRESETS[part]["smoke" if args.smoke else device.type])
-    values.update({key: value for key, value in vars(args).items() if value is not None})
-    return values
+def main(argv: list[str] | None = None) -> int:
+    """``python -m segattn.bench <part> key=value ...`` / ``segattn-bench``: the part's config
+    (conf/bench/<part>.yaml) composed with the overrides, through the error boundary of every command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    part = argv[0] if argv else ""
+    if part in ("", "--help", "-h"):
+        print(__doc__.strip())
+        return 0
+    if part not in PARTS:
+        print(f"{PROG}: {part!r} is not a part; expected one of {', '.join(PARTS)}", file=sys.stderr)
+        return EXIT_CONFIG
+    return run_command(
+        f"{PROG} {part}", f"bench/{part}", lambda cfg: bench(part, cfg), argv[1:], GROUPS.get(part, ())
+    )
 
 
-def run_op(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
+def bench(part: str, cfg: DictConfig) -> int:
+    """Check the part's settings on the device, then create the output folder and run the part."""
+    reuse_freed_memory()  # as a training run with the same environment; memory children set their own
+    device = torch.device(  # a part without the key (traffic) runs on the CPU
+        OmegaConf.select(cfg, "device", default="cpu") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    if device.type == "cuda" and device.index is None:  # memory-fraction calls need an explicit index
+        device = torch.device("cuda", torch.cuda.current_device())
+    values = with_grid(cfg, device)
+    run = SETTINGS[part](values, cfg, device)
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
+    out_dir = Path(cfg.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_environment(out_dir, report.environment(device))
+    run(out_dir)
+    report.console.print(f"[bold]results:[/] {out_dir}")
+    return 0
+
+
+def with_grid(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
+    """The part's keys as plain values, each null one taken from the grid (``grid=auto``: the device's);
+    a part without grids (traffic) as they are."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(values, dict)
+    if "grids" not in values:
+        return values
+    grid = device.type if cfg.grid == "auto" else cfg.grid
+    chosen = values.pop("grids")[grid]
+    return values | {key: value for key, value in chosen.items() if values.get(key) is None}
+
+
+def specs(key: str, listed: list[Any]) -> list[Spec]:
+    """The variants or models of ``key`` as specs; one that has no name is a ConfigError naming the key."""
+    try:
+        return [spec_of(value) for value in listed]
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
+
+
+def variants(listed: list[Any]) -> list[Spec]:
+    """``variants``: registered attention names, each with its options."""
+    out = specs("variants", listed)
+    unknown = [spec.name for spec in out if spec.name not in available_attention()]
+    if unknown:
+        raise ConfigError(
+            f"variants={unknown[0]!r}: unknown attention; expected one of {', '.join(available_attention())}"
+        )
+    return out
+
+
+def models(listed: list[Any]) -> list[Spec]:
+    """``models``: families that build with their options, checked on the meta device (no memory)."""
+    from ..models import build_model
+
+    out = specs("models", listed)
+    for spec in out:
+        try:
+            with torch.device("meta"):
+                build_model(spec.name, num_classes=2, attention="linear", **spec.options)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"models={spec.label}: {error}") from None
+    return out
+
+
+def kernels(listed: list[str], device: torch.device, tunings: bool) -> list[str]:
+    """``kernels``: SEGATTN_KERNEL values (auto, torch, triton; with ``tunings``, ``triton:BxWxP`` too).
+    Triton runs on a CUDA device, or anywhere under TRITON_INTERPRET=1."""
+    from ..attention.triton.launch import Tuning
+
+    for kernel in listed:
+        backend, _, tuning = str(kernel).partition(":")
+        if backend not in ("auto", "torch", "triton") or (tuning and (backend != "triton" or not tunings)):
+            expected = "auto, torch, triton or triton:BxWxP" if tunings else "auto, torch or triton"
+            raise ConfigError(f"kernels={kernel!r}: expected {expected}")
+        if tuning:
+            try:
+                Tuning.parse(tuning)
+            except ValueError as error:
+                raise ConfigError(f"kernels={kernel!r}: {error}") from None
+        if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(
+                f"kernels={kernel!r}: the Triton kernels need a CUDA device (or TRITON_INTERPRET=1); this "
+                f"run is on {device}"
+            )
+    return [str(kernel) for kernel in listed]
+
+
+Run = Callable[[Path], object]
+
+
+def op_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
     from .op import OpSettings, run
 
-    values = preset(args, "op", device)
+    if values["cuda_graphs"] and device.type != "cuda":
+        raise ConfigError(f"cuda_graphs=true: CUDA graphs need a CUDA device; this run is on {device}")
     settings = OpSettings(
-        variants=[parse_spec(text) for text in values.get("variants") or available_attention()],
-        sizes=[parse_count(text) for text in values["sizes"]],
-        dtypes=values.get("dtypes") or ["fp32", "bf16"],
-        modes=values.get("modes") or ["fwd", "fwdbwd"],
-        batch=values.get("batch", 1),
-        dim=values.get("dim", 64),
-        heads=values.get("heads", 2),
+        variants=variants(values["variants"] or available_attention()),
+        sizes=[parse_count(str(tokens)) for tokens in values["tokens"]],
+        dtypes=values["dtypes"],
+        modes=values["modes"],
+        batch=values["batch"],
+        dim=values["dim"],
+        heads=values["heads"],
         repeats=values["repeats"],
-        warmup=values.get("warmup", 2),
+        warmup=values["warmup"],
         config_seconds=values["config_seconds"],
         max_call_seconds=values["max_call_seconds"],
-        clock=args.clock,
-        memory=not args.no_memory,
-        compile=args.compile,
-        kernels=values.get("kernels") or ["auto"],
-        profile=not values.get("no_profile"),
-        cuda_graphs=bool(values.get("cuda_graphs")),
-        profile_tokens=parse_count(values["profile_tokens"]) if values.get("profile_tokens") else None,
+        clock=values["clock"],
+        memory=values["memory"],
+        compile=values["compile"],
+        kernels=kernels(values["kernels"], device, tunings=True),
+        profile=values["profile"],
+        cuda_graphs=values["cuda_graphs"],
+        profile_tokens=parse_count(str(values["profile_tokens"])) if values["profile_tokens"] else None,
     )
-    run(settings, device, out_dir)
+    return lambda out_dir: run(settings, device, out_dir)
 
 
-def run_model(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
-    from .model import ModelSettings, default_models, default_variants, run
+def model_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    from .model import ModelSettings, run
 
-    values = preset(args, "model", device)
-    variants = values.get("variants") or (default_variants(smoke=True) if args.smoke else None)
     settings = ModelSettings(
-        models=[parse_spec(text) for text in values.get("models") or default_models(args.smoke)],
-        variants=[parse_spec(text) for text in variants] if variants else None,
-        image_sizes=values["image_sizes"],
+        models=models(values["models"]),
+        variants=variants(values["variants"]) if values["variants"] else None,
+        image_sizes=[parse_image_size(size) for size in values["image_sizes"]],
         dtypes=values["dtypes"],
-        batch=values.get("batch") or [1],
+        batch=values["batch"],
         repeats=values["repeats"],
         max_step_seconds=values["max_step_seconds"],
-        clock=args.clock,
-        memory=not args.no_memory,
-        compile=args.compile,
-        kernels=values.get("kernels") or ["auto"],
-        time_budget=values.get("time_budget"),
+        clock=values["clock"],
+        memory=values["memory"],
+        compile=values["compile"],
+        kernels=kernels(values["kernels"], device, tunings=False),
+        time_budget=values["time_budget"],
     )
-    run(settings, device, out_dir)
+    return lambda out_dir: run(settings, device, out_dir)
 
 
-def run_maxres(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
-    from .maxres import MaxresSettings, default_models, default_variants, run
+def maxres_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    from .maxres import MaxresSettings, run
 
-    values = preset(args, "maxres", device)
     settings = MaxresSettings(
-        models=[parse_spec(text) for text in values.get("models") or default_models(args.smoke)],
-        variants=[parse_spec(text) for text in values.get("variants") or default_variants(args.smoke)],
-        budget_bytes=int(values["budget_gib"] * (1 << 30)) if values.get("budget_gib") else None,
-        checkpointing={"off": [False], "on": [True], "both": [False, True]}[
-            values.get("checkpointing", "both")
-        ],
+        models=models(values["models"]),
+        variants=variants(values["variants"]),
+        budget_bytes=int(values["budget_gib"] * (1 << 30)) if values["budget_gib"] else None,
+        checkpointing={"off": [False], "on": [True], "both": [False, True]}[values["checkpointing"]],
         start=values["start"],
         step=values["step"],
         max_size=values["max_size"],
         probe_timeout=values["probe_timeout"],
-        dtype=values.get("dtype") or ("bf16" if device.type == "cuda" else "fp32"),
-        extrapolate_gib=values.get("extrapolate_gib", 24.0),
-        bands=values.get("spatial") or [1],
-        compile=args.compile,
-        kernels=values.get("kernels") or ["auto"],
+        dtype=values["dtype"] or ("bf16" if device.type == "cuda" else "fp32"),
+        extrapolate_gib=values["extrapolate_gib"],
+        bands=values["spatial"],
+        compile=values["compile"],
+        kernels=kernels(values["kernels"], device, tunings=False),
     )
-    run(settings, device, out_dir)
+    return lambda out_dir: run(settings, device, out_dir)
 
 
-def run_accuracy(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
-    from .accuracy import AccuracySettings, default_variants, run
-    from .arms import experiment_table
+def raster_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    from ..tiling import default_stride
+    from .raster import RasterSettings, run
 
-    values = preset(args, "accuracy", device)
-    budget = values.get("budget_gib")
-    table = experiment_table(values["experiment"], values.get("overrides") or [])
-    if values.get("variants"):
-        variants = [parse_spec(text) for text in values["variants"]]
-    elif table is not None:  # the arms the experiment file lists, or those of them --arms names
-        variants = table.select(values.get("arms"), values["experiment"])
-    else:
-        variants = [parse_spec(text) for text in default_variants(args.smoke)]
-    settings = AccuracySettings(
-        experiment=values["experiment"],
-        variants=variants,
-        seeds=table.seeds if table is not None and args.seeds is None else values["seeds"],
-        overrides=values.get("overrides") or [],
-        jobs=values.get("jobs", 1),
-        threads=args.threads,
-        repeats=values["repeats"],
-        maxres_budget_gib=None if args.no_maxres else budget or total_memory_budget(device) / (1 << 30),
-        maxres_start=values["start"],
-        maxres_step=values["step"],
-        maxres_max_size=values["max_size"],
-        maxres_timeout=values["probe_timeout"],
-        clock=args.clock,
-        only=values.get("only"),
+    crop = values["crop"]
+    settings = RasterSettings(
+        size=values["size"],
+        crop=crop,
+        stride=values["stride"] or default_stride((crop, crop))[0],
+        crop_batch_size=values["crop_batch_size"],
+        classes=values["classes"],
+        threads=values["threads"],
+        baseline=values["baseline"],
     )
-    run(settings, device, out_dir)
+    return lambda out_dir: run(settings, out_dir)
 
 
-def run_raster(args: argparse.Namespace, device: torch.device, out_dir: Path) -> None:
-    from .raster import run, settings_from
+def traffic_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    """train.py's module for the model, attention and loss groups, built before the output folder exists
+    (options it refuses are a ConfigError)."""
+    from .model import training_module
+    from .traffic import run
 
-    run(settings_from(preset(args, "raster", device)), out_dir)
-
-
-def check_before_writing(args: argparse.Namespace, device: torch.device) -> None:
-    """What would fail after the output folder exists: SEGATTN_KERNEL (every part builds attention
-    modules) and, for accuracy, the experiment composed with ``--overrides`` and train.py's value checks."""
-    from ..config import check_kernel, check_values
-
-    check_kernel()
-    if getattr(args, "cuda_graphs", False) and device.type != "cuda":
-        raise ConfigError(f"--cuda-graphs: CUDA graphs need a CUDA device; this run is on {device}")
-    if args.part == "accuracy":
-        from ..cli import compose_command
-
-        values = preset(args, "accuracy", device)
-        overrides = [f"experiment={values['experiment']}", *(values.get("overrides") or [])]
-        check_values(compose_command("train", overrides), "train")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The bench's error boundary: a refusal (``cli.refusal``) is one line and its status, unless
-    ``--debug``."""
-    args = parse_args(argv, __doc__)
+    kwargs = {**values["model"], "num_classes": values["num_classes"]}
+    kwargs |= {"attention": values["attention"]["name"], "attention_options": values["attention"]["options"]}
     try:
-        bench(args)
-    except Exception as error:
-        from ..cli import refusal, said_line
-
-        said = refusal(error)
-        if said is None or args.debug:
-            raise
-        print(f"python -m segattn.bench {args.part}: {said_line(said)}", file=sys.stderr)
-        raise SystemExit(said.status) from None
+        module = training_module(kwargs, values["loss"])
+    except (ValueError, TypeError) as error:
+        raise ConfigError(
+            f"model={values['model']['name']} attention={kwargs['attention']}: {error}"
+        ) from None
+    return lambda out_dir: run(module, values, out_dir)
 
 
-def bench(args: argparse.Namespace) -> None:
-    reuse_freed_memory()  # as a training run with the same environment; memory children set their own
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:  # memory-fraction calls need an explicit index
-        device = torch.device("cuda", torch.cuda.current_device())
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    check_before_writing(args, device)
-    out_dir = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report.write_environment(out_dir, report.environment(device))
-    runners = {
-        "op": run_op,
-        "model": run_model,
-        "maxres": run_maxres,
-        "accuracy": run_accuracy,
-        "raster": run_raster,
-    }
-    for part in ["op", "model", "maxres"] if args.part == "all" else [args.part]:
-        runners[part](args, device, out_dir)
-    report.console.print(f"[bold]results:[/] {out_dir}")
+SETTINGS: dict[str, Callable[[dict[str, Any], DictConfig, torch.device], Run]] = {
+    "op": op_settings,
+    "model": model_settings,
+    "maxres": maxres_settings,
+    "raster": raster_settings,
+    "traffic": traffic_settings,
+}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

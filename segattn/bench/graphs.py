@@ -1,7 +1,7 @@
-"""``bench op --cuda-graphs``: each variant also as ``<variant>+graphs``, one call captured into a CUDA graph
-and replayed. A replay launches the same kernels on the same (static) inputs without the Python, dispatcher
-and Triton launch work of an eager call, so the pair of rows shows how much of a layer's time is host
-work. CUDA only; a captured call cannot change shape, so the rows are for fixed-size training steps.
+"""``bench op cuda_graphs=true``: each variant also as ``<variant>+graphs``, one call captured into a CUDA
+graph and replayed. A replay launches the same kernels on the same (static) inputs without the Python,
+dispatcher and Triton launch work of an eager call, so the pair of rows shows how much of a layer's time is
+host work. CUDA only; a captured call cannot change shape, so the rows are for fixed-size training steps.
 """
 
 from __future__ import annotations

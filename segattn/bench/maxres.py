@@ -5,9 +5,9 @@ little above the budget, so an oversized probe fails with an allocation error in
 machine. A probe fits when it finishes and its peak memory (weights, optimizer state, activations) is
 within the budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``.
 The peaks of the fitting probes also give a linear fit (bytes = a + b·pixels) that predicts the maxres
-for a larger budget than this machine has (``--extrapolate-gib``), reported as an extrapolation. Each
-variant runs eager and, with ``--compile``, compiled (a compiled probe compiles on a throwaway step first),
-on each kernel path of ``--kernels``, as ``bench model`` labels them; ``peak_bytes_per_mpx`` is the largest
+for a larger budget than this machine has (``extrapolate_gib``), reported as an extrapolation. Each
+variant runs eager and, with ``compile=true``, compiled (a compiled probe compiles on a throwaway step first),
+on each kernel path of ``kernels``, as ``bench model`` labels them; ``peak_bytes_per_mpx`` is the largest
 fitting probe's peak per megapixel.
 """
 
@@ -51,15 +51,6 @@ class MaxresSettings:
     def rows(self) -> list[Spec]:
         """The variants as labelled rows: eager and compiled, per kernel path."""
         return with_kernels(with_compiled(self.variants, self.compile), self.kernels)
-
-
-def default_models(smoke: bool) -> list[str]:
-    return ["pvt:size=b0"] if smoke else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
-
-
-def default_variants(smoke: bool) -> list[str]:
-    variants = ["softmax", "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
-    return ["flatten"] if smoke else variants
 
 
 def probe_child(task: dict[str, Any], emit: Emit) -> None:

@@ -162,7 +162,7 @@ def total_memory_budget(device: torch.device, fraction: float = 0.8) -> int:
         for line in meminfo:
             if line.startswith("MemAvailable:"):
                 return int(int(line.split()[1]) * 1024 * fraction)
-    raise RuntimeError("/proc/meminfo has no MemAvailable line; pass --budget-gib explicitly")
+    raise RuntimeError("/proc/meminfo has no MemAvailable line; pass budget_gib explicitly")
 
 
 def guard_memory(device: torch.device, limit: int) -> None:

@@ -1,13 +1,14 @@
-"""``bench model``: one full training step (forward, loss, backward, AdamW step) per model and variant.
+"""``bench model``: one full training step (forward, the training module's loss, backward, AdamW step) per
+model and variant.
 
-A variant spec's options go to the attention when it accepts them and to the model family otherwise, so
-``softmax:sr_ratios=[1,1,1,1]`` is PVT with softmax and no spatial reduction. Each variant runs as the
-user would run it: eager and, with ``--compile``, compiled (``linear+compile``), on each kernel path of
-``--kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are
-square (``2048``) or not (``4288x2848``, width x height), at each batch of ``--batch``. Steps of all rows
-at one image size and batch are timed round-robin after warm-up rounds that include compilation; peak
-memory (weights, optimizer state and activations, also per megapixel of the batch) comes from a fresh
-child per (model, variant).
+A variant's options go to the attention when it accepts them and to the model family otherwise, so ``{name:
+softmax, sr_ratios: [1,1,1,1]}`` is PVT with softmax and no spatial reduction. Each variant runs as the user
+would run it: eager and, with ``compile=true``, compiled (``linear+compile``), on each kernel path of
+``kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are square
+(``2048``) or not (``4288x2848``, width x height), at each batch of ``batch``. Steps of all rows at one image
+size and batch are timed round-robin after warm-up rounds that include compilation; peak memory (weights,
+optimizer state and activations, also per megapixel of the batch) comes from a fresh child per (model,
+variant).
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
+from omegaconf import open_dict
 
 from ..attention import attention_class, attention_options
 from ..cpu_memory import return_freed_memory
-from ..training.chunked_loss import chunked_seg_loss
-from ..training.losses import SegLoss
 from .measure import (
     Emit,
     PeakMemory,
@@ -44,14 +43,17 @@ from .specs import (
     format_image_size,
     kernel_path,
     parse_image_size,
-    parse_spec,
     size_label,
+    spec_of,
     with_compiled,
     with_kernels,
 )
 
+if TYPE_CHECKING:
+    from ..training.module import SegmentationModule
+
 NUM_CLASSES = 19
-NO_REDUCTION = "softmax:sr_ratios=[1,1,1,1]"
+NO_REDUCTION = {"name": "softmax", "sr_ratios": [1, 1, 1, 1]}  # PVT with softmax, no key reduction
 Size = int | str | tuple[int, int]  # 2048, "4288x2848" (width x height) or (height, width)
 
 
@@ -84,20 +86,11 @@ class ModelSettings:
         )
 
 
-def default_models(smoke: bool) -> list[str]:
-    return (
-        ["pvt:size=b0", "vit:size=tiny"]
-        if smoke
-        else ["pvt:size=b0", "vit:size=small", "efficientvit:size=b0"]
-    )
-
-
-def default_variants(smoke: bool, model: str = "pvt") -> list[str]:
+def default_variants(model: str) -> list[Spec]:
     """softmax first (the reference of the speed-up column), then the linear variants."""
-    if smoke:
-        return ["softmax", "flatten"]
     reference = [NO_REDUCTION, "softmax"] if model == "pvt" else ["softmax"]
-    return [*reference, "efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+    linear = ["efficient", "linear", "taylor", "flatten", "agent", "pola", "litemla"]
+    return [spec_of(value) for value in [*reference, *linear]]
 
 
 def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
@@ -109,10 +102,52 @@ def build_kwargs(model: Spec, variant: Spec) -> dict[str, Any]:
     return kwargs | {"attention_options": attention, **model.options, **family}
 
 
+@dataclass(frozen=True)
+class Classes:
+    """What ``training.run.build_module`` reads of a datamodule, for ``count`` classes and no dataset."""
+
+    count: int
+    ignore_index: int = 255
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    @property
+    def num_classes(self) -> int:
+        return self.count
+
+    @property
+    def classes(self) -> list[str]:
+        return [f"class {index}" for index in range(self.count)]
+
+    @property
+    def palette(self) -> list[tuple[int, int, int]]:
+        return [(index, index, index) for index in range(self.count)]
+
+
+def training_module(kwargs: dict[str, Any], loss: dict[str, Any] | None = None) -> SegmentationModule:
+    """The LightningModule train.py trains (``training.run.build_module``) around the network of
+    ``build_model`` kwargs (``build_kwargs``): train.py's config with that model and attention, for its
+    number of classes; ``loss``: keys of conf/loss over the default's (``chunk_rows``)."""
+    from ..cli import compose_command
+    from ..config import plain
+    from ..training.run import build_module
+
+    model = dict(kwargs)
+    name, attention, classes = model.pop("name"), model.pop("attention"), model.pop("num_classes")
+    attention_options = model.pop("attention_options", {})
+    cfg = compose_command("train", [f"model={name}", f"attention={attention}", "data=synthetic"])
+    with open_dict(cfg):
+        cfg.model.update(model)
+        cfg.attention.options = {**plain(cfg.attention.options), **attention_options}
+        cfg.loss.update(loss or {})
+    return build_module(cfg, Classes(classes))  # type: ignore[arg-type]
+
+
 class TrainStep:
-    """A model, its AdamW optimizer and one random batch of ``size`` (a side or (height, width)); calling it
-    runs one training step (with the network compiled in place when ``compiled``; its first steps compile),
-    on the ``kernel`` path (a SEGATTN_KERNEL value)."""
+    """A training module (``training_module``), its AdamW optimizer and one random batch of ``size`` (a side
+    or (height, width)); calling it runs one training step of the module's own loss (``head_losses``, with
+    the network compiled in place when ``compiled``; its first steps compile), on the ``kernel`` path (a
+    SEGATTN_KERNEL value)."""
 
     def __init__(
         self,
@@ -125,15 +160,14 @@ class TrainStep:
         compiled: bool = False,
         kernel: str = "auto",
     ) -> None:
-        from ..models import build_model
-
         height, width = (size, size) if isinstance(size, int) else size
         kwargs = dict(kwargs)  # options of the step in the spec: loss_chunk_rows, grad_checkpointing
-        self.chunk_rows = kwargs.pop("loss_chunk_rows", None)
+        chunk_rows = kwargs.pop("loss_chunk_rows", None)
         checkpointing = checkpointing or bool(kwargs.get("grad_checkpointing"))
         self.device, self.dtype = device, DTYPES[dtype]
         with kernel_path(kernel):
-            self.model = build_model(**kwargs).to(device).train()
+            self.module = training_module(kwargs, {"chunk_rows": chunk_rows}).to(device).train()
+        self.model = self.module.model
         self.model.set_grad_checkpointing(checkpointing)
         self.compiled = compiled
         if compiled:
@@ -145,25 +179,15 @@ class TrainStep:
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.dtype):
-            logits, aux = self.model.forward_with_aux(self.images, upsample=self.chunk_rows is None)
-        loss = self.loss(logits)
-        if aux is not None:
-            loss = loss + self.model.aux_weight * self.loss(aux)
+            loss, aux_loss = self.module.head_losses(self.images, self.masks)
+        if aux_loss is not None:
+            loss = loss + self.model.aux_weight * aux_loss
         loss.backward()
         self.optimizer.step()
 
-    def loss(self, logits: torch.Tensor) -> torch.Tensor:
-        """Cross entropy on full-size logits, or from stride-4 ones in row chunks (``loss_chunk_rows``)."""
-        if self.chunk_rows is None:
-            return F.cross_entropy(logits.float(), self.masks)
-        size = self.model.padded_size(*self.masks.shape[-2:])
-        return chunked_seg_loss(SegLoss(NUM_CLASSES), logits, self.masks, size, self.chunk_rows)
-
 
 def variants_for(settings: ModelSettings, model: Spec) -> list[Spec]:
-    specs = settings.variants
-    if specs is None:
-        specs = [parse_spec(text) for text in default_variants(False, model.name)]
+    specs = default_variants(model.name) if settings.variants is None else settings.variants
     return with_kernels(with_compiled(specs, settings.compile), settings.kernels)
 
 
@@ -372,8 +396,8 @@ def report(rows: list[dict[str, Any]], settings: ModelSettings, out_dir: Path) -
             table = grid(labels, [size_label(*hw) for hw in shapes], mine, measured_lines)
             batches = " and ".join(map(str, settings.batches))
             caption = (
-                f"one training step (forward, cross-entropy, backward, AdamW) at batch {batches}, median of "
-                f"{settings.repeats} after warm-up (compilation included); speed-up relative to the first "
+                f"one training step (forward, train.py's loss, backward, AdamW) at batch {batches}, median "
+                f"of {settings.repeats} after warm-up (compilation included); speed-up relative to the first "
                 f"variant ({variants[0]}); peak = weights + optimizer state + activations, fresh process; "
                 "/MP = peak per megapixel of the batch"
             )

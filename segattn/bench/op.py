@@ -23,7 +23,7 @@ elementwise pass, also pays a launch. ``kernels`` times each variant with a Trit
 path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN_KERNEL as a module
 attribute), and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block, warps,
 reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
-``--compile`` adds the plain formulas under torch.compile (which never run the Triton kernels).
+``compile=true`` adds the plain formulas under torch.compile (which never run the Triton kernels).
 Every timed configuration gets at least ``MIN_REPEATS`` repeats after warm-up calls that include
 compilation; one call per variant is then profiled into host and device time (``profile``).
 """
@@ -44,7 +44,7 @@ from ..cpu_memory import return_freed_memory
 from .floors import MatmulFloor, copy_bandwidth, floor_passes, moved_bytes
 from .graphs import GRAPHS, graphed
 from .measure import Emit, PeakMemory, autocast_for, fill_peaks, interleaved_medians
-from .profile import print_profile, profile_ops
+from .profile import print_profile, profile_call
 from .report import Panel, format_seconds, grid, plot_panels, print_table, progress, write_csv
 from .specs import Spec, compile_options, format_count, grid_for, with_compiled
 
@@ -275,6 +275,36 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                 del cases, calls
     add_speedups(rows)
     return rows
+
+
+def profile_ops(
+    rows: list[dict[str, Any]], settings: OpSettings, device: torch.device
+) -> list[dict[str, Any]]:
+    """One profiled call per (variant, dtype, mode) of ``bench op``'s timed ``rows``, at
+    ``settings.profile_tokens`` or else the largest size the variant ran at, on its own kernel path."""
+    out = []
+    for label, spec, kernel in labelled_variants(settings):
+        for dtype in settings.dtypes:
+            for mode in settings.modes:
+                key = (label, dtype, mode)
+                ran = [
+                    r["tokens"]
+                    for r in rows
+                    if (r["variant"], r["dtype"], r["mode"]) == key and r["status"] == "ok"
+                ]
+                if not ran:
+                    continue
+                tokens = settings.profile_tokens if settings.profile_tokens in ran else max(ran)
+                row = {"variant": label, "dtype": dtype, "mode": mode, "tokens": tokens, "note": ""}
+                try:
+                    module = build_variant(spec, settings.dim, settings.heads, device, kernel)
+                    case = OpCase(module, tokens, dtype, mode, settings.batch, device, kernel)
+                    row |= profile_call(graphed(label, case), device, warmup=max(2, settings.warmup))
+                except RuntimeError as error:
+                    row["note"] = f"error: {str(error)[:120]}"
+                out.append(row)
+                del row
+    return out
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:

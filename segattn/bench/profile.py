@@ -10,6 +10,7 @@ the kernel launches through the CUDA driver or runtime (Triton's and PyTorch's a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ def profile_call(fn: Callable[[], object], device: torch.device, warmup: int = 2
         fn()
     synchronize(device)
     cuda = device.type == "cuda"
+    if not cuda:  # Kineto logs every missing GPU it probes for as an ERROR line: on the CPU there is none
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as profiler:
         with record_function(CALL):
@@ -67,34 +70,3 @@ def print_profile(rows: list[dict[str, Any]]) -> None:
     )
     columns = ["variant", "dtype", "mode", "tokens", "host", "device", "ops", "launches"]
     print_table("op profile: host and device time of one call", columns, table, caption)
-
-
-def profile_ops(rows: list[dict[str, Any]], settings: Any, device: torch.device) -> list[dict[str, Any]]:
-    """One profiled call per (variant, dtype, mode) of ``bench op``'s timed ``rows``, at
-    ``settings.profile_tokens`` or else the largest size the variant ran at, on its own kernel path."""
-    from .graphs import graphed
-    from .op import OpCase, build_variant, labelled_variants
-
-    out = []
-    for label, spec, kernel in labelled_variants(settings):
-        for dtype in settings.dtypes:
-            for mode in settings.modes:
-                key = (label, dtype, mode)
-                ran = [
-                    r["tokens"]
-                    for r in rows
-                    if (r["variant"], r["dtype"], r["mode"]) == key and r["status"] == "ok"
-                ]
-                if not ran:
-                    continue
-                tokens = settings.profile_tokens if settings.profile_tokens in ran else max(ran)
-                row = {"variant": label, "dtype": dtype, "mode": mode, "tokens": tokens, "note": ""}
-                try:
-                    module = build_variant(spec, settings.dim, settings.heads, device, kernel)
-                    case = OpCase(module, tokens, dtype, mode, settings.batch, device, kernel)
-                    row |= profile_call(graphed(label, case), device, warmup=max(2, settings.warmup))
-                except RuntimeError as error:
-                    row["note"] = f"error: {str(error)[:120]}"
-                out.append(row)
-                del row
-    return out

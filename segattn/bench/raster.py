@@ -31,7 +31,7 @@ from ..images import default_palette
 from ..models import build_model
 from ..raster_io import BLOCK
 from ..record import ModelRecord
-from ..tiling import default_stride, slide_windows
+from ..tiling import slide_windows
 from . import report
 
 LIMIT_BYTES = int(1.5 * (1 << 30))  # the issue's bound on a 20k² raster's peak resident memory
@@ -171,19 +171,4 @@ def run(settings: RasterSettings, out_dir: Path) -> dict[str, Any]:
     return row
 
 
-def settings_from(values: dict[str, Any]) -> RasterSettings:
-    """RasterSettings from the parsed options (stride defaults to half the window; --smoke skips the
-    fixed-cost run)."""
-    crop = values["crop"]
-    return RasterSettings(
-        size=values["size"],
-        crop=crop,
-        stride=values.get("stride") or default_stride((crop, crop))[0],
-        crop_batch_size=values.get("crop_batch_size", 2),
-        classes=values.get("classes", 3),
-        threads=values.get("threads") or 0,
-        baseline=not values.get("smoke"),
-    )
-
-
-__all__ = ["LIMIT_BYTES", "RasterSettings", "make_raster", "run", "settings_from"]
+__all__ = ["LIMIT_BYTES", "RasterSettings", "make_raster", "run"]

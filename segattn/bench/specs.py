@@ -1,14 +1,13 @@
-"""Command-line specs: ``name:key=value:key=value`` for variants and models, ``64k`` for token counts."""
+"""The variants and models a bench part runs (``Spec``), token counts (``64k``) and image sizes."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import yaml
 
 
 @dataclass(frozen=True)
@@ -57,22 +56,20 @@ def compile_options() -> dict[str, Any]:
     return {"dynamic": False}
 
 
-def parse_spec(text: str) -> Spec:
-    """``flatten`` or ``linear:feature_map=relu:eps=1e-4``; values are read as YAML scalars/lists. A
-    ``label=<text>`` option names the spec in tables and run directories instead of its whole text."""
-    name, *pairs = text.split(":")
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(
-                f"spec {text!r}: option {pair!r} is not key=value (e.g. linear:feature_map=relu)"
-            )
-        options[key] = yaml.safe_load(value)
-    if not name:
-        raise ValueError(f"spec {text!r} has no name before the options")
-    label = options.pop("label", text)
-    return Spec(name, options, str(label))
+def spec_of(value: str | Mapping[str, Any]) -> Spec:
+    """A variant or model as the bench's config lists it: a registry name (``flatten``), or a mapping of
+    ``name`` and constructor options, with an optional ``label`` that names it in tables and run
+    directories (default: ``name:key=value:...``, e.g. ``softmax:sr_ratios=[1,1,1,1]``)."""
+    if isinstance(value, str):
+        return Spec(value, {}, value)
+    options = dict(value)
+    name = options.pop("name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{dict(value)}: expected a name (e.g. {{name: linear, feature_map: relu}})")
+    label = options.pop("label", None)
+    shown = [f"{key}={json.dumps(option, separators=(',', ':')) if not isinstance(option, str) else option}"
+             for key, option in options.items()]  # fmt: skip
+    return Spec(name, options, str(label) if label is not None else ":".join([name, *shown]))
 
 
 def parse_count(text: str) -> int:

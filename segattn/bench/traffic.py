@@ -17,6 +17,7 @@ import collections
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -207,4 +208,43 @@ def step_traffic(
     return counter.traffic
 
 
-__all__ = ["COMPONENTS", "StepTraffic", "component_of", "step_traffic"]
+def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """``bench traffic``: the step of ``module`` at the part's ``size``, ``batch`` and ``precision``;
+    traffic.csv (a row per component and the total, with the settings that change the bytes) and the
+    table."""
+    from .report import print_table, write_csv
+
+    size, batch, precision = values["size"], values["batch"], values["precision"]
+    traffic = step_traffic(module, batch, size, size, precision)
+    setting = {"model": values["model"]["name"], "attention": values["attention"]["name"], "size": size}
+    setting |= {"batch": batch, "precision": precision}
+    setting |= {"grad_checkpointing": values["model"].get("grad_checkpointing", False)}
+    setting |= {"chunk_rows": values["loss"].get("chunk_rows")}
+    rows = [setting | row for row in traffic.rows(values["bandwidth"])]
+    write_csv(out_dir / "traffic.csv", rows)
+    columns = [
+        "component",
+        "forward GB",
+        "backward GB",
+        "total GB",
+        "share",
+        f"ms at {values['bandwidth']:.3g} B/s",
+    ]
+    body = [
+        [
+            row["component"],
+            *(f"{row[key]:.2f}" for key in ("forward_gb", "backward_gb", "total_gb")),
+            f"{row['share_percent']:.1f} %",
+            f"{row['ms_at_bandwidth']:.2f}",
+        ]
+        for row in rows
+    ]
+    caption = (
+        f"one training step of {setting['model']} with {setting['attention']} at {batch}×{size}², "
+        f"{precision}, counted op by op on fake tensors on the CPU; the attention core on its PyTorch path"
+    )
+    print_table("traffic", columns, body, caption)
+    return rows
+
+
+__all__ = ["COMPONENTS", "StepTraffic", "component_of", "run", "step_traffic"]

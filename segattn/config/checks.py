@@ -15,6 +15,7 @@ dataset file for the ``data`` group, whose keys differ by dataset)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,43 @@ def stride_within_window(cfg: DictConfig) -> str | None:
 
 
 INFERENCE_SPANS = (slide_has_window, stride_within_window)
+
+# python -m segattn.bench: a key left null takes the value of the part's grid (conf/bench/<part>.yaml); the
+# variants, models and kernels are checked by the bench against its registries and the device.
+COUNT = r"[1-9][0-9]*[kKmM]?"  # 4096, 4k, 1m
+IMAGE_SIZE = r"[1-9][0-9]*([xX×][1-9][0-9]*)?"  # 2048, 4288x2848
+
+
+def unset_or(expected: str, ok: Callable[[Any], bool]) -> Rule:
+    """A bench key that null leaves to the part's grid."""
+    return (f"{expected} or null (the grid's)", lambda value: value is None or ok(value))
+
+
+def list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, list) and len(value) > 0 and all(ok(item) for item in value)
+
+
+def positive_number(value: Any) -> bool:
+    return is_number(value) and value > 0
+
+
+def matches(pattern: str) -> Callable[[Any], bool]:
+    return lambda value: not isinstance(value, bool) and re.fullmatch(pattern, str(value)) is not None
+
+
+BENCH_DTYPES = ("fp32", "bf16", "fp16")
+BENCH: dict[str, Rule] = {
+    **THREADS,
+    "grid": ("one of auto, smoke, cpu, cuda", lambda v: v in ("auto", "smoke", "cpu", "cuda")),
+    "clock": ("one of wall, cpu", lambda v: v in ("wall", "cpu")),
+    "device": ("null, cpu or cuda[:i]", lambda v: v is None or re.fullmatch(r"cpu|cuda(:[0-9]+)?", str(v))),
+    **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("memory", "compile")},
+}
+BENCH_SEARCH: dict[str, Rule] = {
+    **{key: unset_or("an integer >= 1 (pixels)", int_at_least(1)) for key in ("start", "step", "max_size")},
+    "probe_timeout": unset_or("a number > 0 (seconds)", positive_number),
+    "budget_gib": unset_or("a number > 0 (GiB)", positive_number),
+}
 SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
     "train": Schema(
         {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE_RULES},
@@ -197,6 +235,65 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
         }
     ),
     "doctor": Schema(DATA),
+    "bench/op": Schema(
+        {
+            **BENCH,
+            "tokens": unset_or("a list of token counts (4096, 4k, 1m)", list_of(matches(COUNT))),
+            "dtypes": (f"a list of {', '.join(BENCH_DTYPES)}", list_of(lambda v: v in BENCH_DTYPES)),
+            "modes": ("a list of fwd, fwdbwd", list_of(lambda v: v in ("fwd", "fwdbwd"))),
+            **{key: ("an integer >= 1", int_at_least(1)) for key in ("batch", "dim", "heads")},
+            "repeats": unset_or("an integer >= 1", int_at_least(1)),
+            "warmup": ("an integer >= 0", int_at_least(0)),
+            "config_seconds": unset_or("a number > 0 (seconds)", positive_number),
+            "max_call_seconds": unset_or("a number > 0 (seconds)", positive_number),
+            "profile_tokens": unset_or("a token count (4096, 4k, 1m)", matches(COUNT)),
+            **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("profile", "cuda_graphs")},
+        }
+    ),
+    "bench/model": Schema(
+        {
+            **BENCH,
+            "image_sizes": unset_or(
+                "a list of sides or WIDTHxHEIGHT (2048, 4288x2848)", list_of(matches(IMAGE_SIZE))
+            ),
+            "dtypes": unset_or(f"a list of {', '.join(BENCH_DTYPES)}", list_of(lambda v: v in BENCH_DTYPES)),
+            "batch": ("a list of integers >= 1", list_of(int_at_least(1))),
+            "repeats": unset_or("an integer >= 1", int_at_least(1)),
+            "max_step_seconds": unset_or("a number > 0 (seconds)", positive_number),
+            "time_budget": unset_or("a number > 0 (seconds)", positive_number),
+        }
+    ),
+    "bench/maxres": Schema(
+        {
+            **BENCH,
+            **BENCH_SEARCH,
+            "checkpointing": ("one of off, on, both", lambda v: v in ("off", "on", "both")),
+            "spatial": ("a list of band counts >= 1", list_of(int_at_least(1))),
+            "dtype": unset_or(f"one of {', '.join(BENCH_DTYPES)}", lambda v: v in BENCH_DTYPES),
+            "extrapolate_gib": (
+                "a number > 0 (GiB) or null (none)",
+                lambda v: v is None or positive_number(v),
+            ),
+        }
+    ),
+    "bench/raster": Schema(
+        {
+            **BENCH,
+            **{
+                key: unset_or("an integer >= 1 (pixels)", int_at_least(1))
+                for key in ("size", "crop", "stride")
+            },
+            **{key: ("an integer >= 1", int_at_least(1)) for key in ("crop_batch_size", "classes")},
+            "baseline": unset_or("true or false", lambda v: isinstance(v, bool)),
+        }
+    ),
+    "bench/traffic": Schema(
+        {
+            **{key: ("an integer >= 1", int_at_least(1)) for key in ("size", "batch", "num_classes")},
+            "precision": ("one of bf16-mixed, 32-true", lambda v: v in ("bf16-mixed", "32-true")),
+            "bandwidth": ("a number > 0 (bytes/s)", positive_number),
+        }
+    ),
 }
 # Keys a command no longer reads, with the key that replaced each: typed on a command line, the old one is
 # refused naming the new one (``check_renamed``) instead of Hydra's "Could not override" traceback.
@@ -224,7 +321,13 @@ MISPLACED: dict[str, dict[str, str]] = {
     "export": {"model": "segattn.export reads checkpoint=<ckpt | exported dir>: write checkpoint={value}"},
 }
 # Commands that build a network, so read SEGATTN_KERNEL / SEGATTN_FUSED (``check_kernel``).
-BUILDS_A_MODEL = ("train", "eval", "predict", "export")
+BUILDS_A_MODEL = (
+    "train",
+    "eval",
+    "predict",
+    "export",
+    *(f"bench/{part}" for part in ("op", "model", "maxres", "raster", "traffic")),
+)
 ABSENT = object()
 
 

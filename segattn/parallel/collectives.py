@@ -4,7 +4,7 @@
 contribution reaches every band that used the sum). ``exchange_halos`` swaps edge rows with the bands
 above and below by point-to-point messages; its backward sends each halo's gradient back to its owner.
 Over gloo, which sends and receives CPU tensors only, CUDA halos travel through host copies (several band
-processes sharing one GPU, as ``bench maxres --spatial --device cuda`` runs them).
+processes sharing one GPU, as ``bench maxres spatial=[2] device=cuda`` runs them).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import Tensor
 from .bands import BandGroup
 
 # Bytes this process has sent through the band group's collectives since the count was last cleared, by
-# kind: what ``bench maxres --spatial`` reports as communication per step.
+# kind: what ``bench maxres spatial=[...]`` reports as communication per step.
 TRAFFIC: dict[str, int] = {"all_reduce": 0, "halo": 0}
 
 

@@ -13,7 +13,7 @@ from segattn.bench.raster import LIMIT_BYTES
 
 
 def test_raster_bench_streams_a_generated_geotiff_and_reports_peak_memory(tmp_path):
-    main(["raster", "--smoke", "--size", "300", "--crop", "128", "--threads", "1", "--out", str(tmp_path)])
+    assert main(["raster", "grid=smoke", "size=300", "crop=128", "threads=1", f"out={tmp_path}"]) == 0
     row = json.loads((tmp_path / "raster.json").read_text())
     assert row["status"] == 0 and row["windows"] == 16  # 4 × 4 windows of 128 every 64 over 300 pixels
     assert 0 < row["peak_bytes"] < LIMIT_BYTES and row["within_limit"]

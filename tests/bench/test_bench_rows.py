@@ -24,14 +24,14 @@ from segattn.bench.specs import (
     format_image_size,
     kernel_path,
     parse_image_size,
-    parse_spec,
     size_label,
+    spec_of,
     with_compiled,
     with_kernels,
 )
 from segattn.layers import KERNEL_ENV
 
-CPU = ["--device", "cpu", "--threads", "1"]
+CPU = ["grid=smoke", "device=cpu", "threads=1"]
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -50,16 +50,14 @@ def test_image_sizes_are_a_side_or_width_x_height():
 
 
 def test_bad_image_size_or_kernel_path_is_one_line(capsys):
-    for argv in (["model", "--image-sizes", "64x"], ["maxres", "--kernels", "cuda"]):
-        with pytest.raises(SystemExit) as exit_info:
-            main([*argv, "--smoke"])
-        assert exit_info.value.code == 2
+    for argv in (["model", "image_sizes=[64x]"], ["maxres", "kernels=[cuda]"]):
+        assert main([*argv, "grid=smoke"]) == 2
         error = capsys.readouterr().err
-        assert error.count("\n") == 1 and argv[1] in error
+        assert error.count("\n") == 1 and argv[1].split("=")[0] in error
 
 
 def test_kernel_paths_label_the_variants_that_have_a_triton_path():
-    specs = [parse_spec("linear"), parse_spec("sra")]
+    specs = [spec_of("linear"), spec_of("sra")]
     rows = with_kernels(specs, ["torch", "triton"])
     assert [(s.label, s.kernel) for s in rows] == [
         ("linear@torch", "torch"),
@@ -70,7 +68,7 @@ def test_kernel_paths_label_the_variants_that_have_a_triton_path():
 
 
 def test_cuda_graphs_add_a_replayed_row_per_eager_variant():
-    specs = [parse_spec("linear"), parse_spec("sra"), with_compiled([parse_spec("linear")], True)[1]]
+    specs = [spec_of("linear"), spec_of("sra"), with_compiled([spec_of("linear")], True)[1]]
     settings = OpSettings(variants=specs, sizes=[1024], kernels=["torch", "triton"], cuda_graphs=True)
     labels = [label for label, _, _ in labelled_variants(settings)]
     eager = ["linear@torch", "linear@triton", "sra", "linear+compile"]
@@ -80,18 +78,17 @@ def test_cuda_graphs_add_a_replayed_row_per_eager_variant():
 
 def test_cuda_graphs_without_cuda_is_one_line(tmp_path, capsys):
     out = tmp_path / "results"
-    with pytest.raises(SystemExit) as ended:
-        main(["op", "--smoke", "--device", "cpu", "--cuda-graphs", "--out", str(out)])
-    assert ended.value.code == 2 and not out.exists()
+    assert main(["op", "grid=smoke", "device=cpu", "cuda_graphs=true", f"out={out}"]) == 2
+    assert not out.exists()
     assert capsys.readouterr().err.strip() == (
-        "python -m segattn.bench op: --cuda-graphs: CUDA graphs need a CUDA device; this run is on cpu"
+        "python -m segattn.bench op: cuda_graphs=true: CUDA graphs need a CUDA device; this run is on cpu"
     )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kernel", ["torch", "triton"])
 def test_a_replayed_graph_computes_what_the_eager_call_does(kernel):
-    module = build_variant(parse_spec("linear"), 64, 2, torch.device("cuda"), kernel)
+    module = build_variant(spec_of("linear"), 64, 2, torch.device("cuda"), kernel)
     q, k, v = torch.randn(3, 2, 4096, 64, device="cuda").unbind(0)
     out = torch.empty(2, 4096, 64, device="cuda")
 
@@ -132,8 +129,8 @@ def test_a_call_slower_than_its_seconds_still_gets_the_minimum_repeats():
 
 
 def test_bench_op_profiles_one_call_per_variant_with_at_least_5_repeats(tmp_path, capsys):
-    args = ["--smoke", *CPU, "--variants", "linear", "softmax", "--dtypes", "fp32", "--modes", "fwd"]
-    main(["op", *args, "--no-memory", "--out", str(tmp_path)])
+    args = [*CPU, "variants=[linear,softmax]", "dtypes=[fp32]", "modes=[fwd]"]
+    assert main(["op", *args, "memory=false", f"out={tmp_path}"]) == 0
     assert "op profile: host and device time of one call" in capsys.readouterr().out
     assert all(int(row["repeats"]) >= 5 for row in read_csv(tmp_path / "op.csv"))
     profile = {row["variant"]: row for row in read_csv(tmp_path / "op_profile.csv")}
@@ -147,19 +144,8 @@ def test_bench_op_profiles_one_call_per_variant_with_at_least_5_repeats(tmp_path
 @pytest.mark.slow
 def test_bench_model_rows_per_kernel_path_and_batch_with_peak_per_megapixel(tmp_path, capsys):
     # auto on the CPU is the PyTorch path, so both labels time (triton needs a GPU or the interpreter)
-    args = [
-        "--smoke",
-        *CPU,
-        "--models",
-        "pvt:size=b0",
-        "--variants",
-        "linear",
-        "sra",
-        "--kernels",
-        "torch",
-        "auto",
-    ]
-    main(["model", *args, "--image-sizes", "64", "96x64", "--batch", "1", "2", "--out", str(tmp_path)])
+    args = [*CPU, "models=[{name:pvt,size:b0}]", "variants=[linear,sra]", "kernels=[torch,auto]"]
+    main(["model", *args, "image_sizes=[64,96x64]", "batch=[1,2]", f"out={tmp_path}"])
     printed = capsys.readouterr().out
     assert "96×64" in printed and "linear@torch, batch 2" in printed and "/MP" in printed
     rows = read_csv(tmp_path / "model.csv")
@@ -178,8 +164,8 @@ def test_bench_model_rows_per_kernel_path_and_batch_with_peak_per_megapixel(tmp_
 
 
 def test_bench_model_time_budget_skips_what_it_did_not_start_and_says_so(tmp_path):
-    args = ["--smoke", *CPU, "--models", "pvt:size=b0", "--variants", "linear", "--time-budget", "1e-9"]
-    main(["model", *args, "--out", str(tmp_path)])
+    args = [*CPU, "models=[{name:pvt,size:b0}]", "variants=[linear]", "time_budget=1e-9"]
+    assert main(["model", *args, f"out={tmp_path}"]) == 0
     rows = read_csv(tmp_path / "model.csv")
     assert rows and all(r["status"] == "skipped" and "time budget of 1e-09 s" in r["note"] for r in rows)
 
@@ -188,10 +174,10 @@ def test_bench_model_time_budget_skips_what_it_did_not_start_and_says_so(tmp_pat
 def test_bench_model_compile_times_the_compiled_twin_after_compiling(tmp_path):
     torch._dynamo.reset()
     # A one-block ViT: inductor's C++ builds are nearly all of this test's time, and they grow with the graph.
-    model = "vit:size=tiny:depth=1"
-    args = ["--smoke", *CPU, "--models", model, "--variants", "linear", "--compile", "--no-memory"]
+    model = "models=[{name:vit,size:tiny,depth:1}]"
+    args = [*CPU, model, "variants=[linear]", "compile=true", "memory=false"]
     try:
-        main(["model", *args, "--out", str(tmp_path)])
+        main(["model", *args, f"out={tmp_path}"])
     finally:
         torch._dynamo.reset()
     rows = {r["variant"]: r for r in read_csv(tmp_path / "model.csv")}
@@ -201,8 +187,8 @@ def test_bench_model_compile_times_the_compiled_twin_after_compiling(tmp_path):
 
 @pytest.mark.slow
 def test_bench_maxres_rows_per_kernel_path_with_peak_per_megapixel(tmp_path, capsys):
-    args = ["--smoke", *CPU, "--variants", "flatten", "--kernels", "torch", "auto", "--checkpointing", "on"]
-    main(["maxres", *args, "--out", str(tmp_path)])
+    args = [*CPU, "variants=[flatten]", "kernels=[torch,auto]", "checkpointing=on"]
+    main(["maxres", *args, f"out={tmp_path}"])
     assert "/MP at 64²" in capsys.readouterr().out
     rows = {r["variant"]: r for r in read_csv(tmp_path / "maxres.csv")}
     assert set(rows) == {"flatten@torch", "flatten@auto"}

@@ -7,7 +7,6 @@ part writes its table, CSV and PNG with the expected rows and columns.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch._dynamo
 from segattn.bench.__main__ import main
 from segattn.bench.maxres import extrapolate, search
 from segattn.bench.measure import PeakMemory, guard_memory, run_isolated
-from segattn.bench.specs import grid_for, parse_count, parse_spec
+from segattn.bench.specs import grid_for, parse_count, spec_of
 from segattn.cpu_memory import return_freed_memory
 
 MIB = 1 << 20
@@ -29,14 +28,15 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_specs_parse_names_options_and_counts():
-    spec = parse_spec("softmax:sr_ratios=[1,1,1,1]:attn_drop=0.1")
+def test_specs_read_names_options_and_counts():
+    spec = spec_of({"name": "softmax", "sr_ratios": [1, 1, 1, 1], "attn_drop": 0.1})
     assert (spec.name, spec.options) == ("softmax", {"sr_ratios": [1, 1, 1, 1], "attn_drop": 0.1})
-    assert parse_spec("flatten").options == {}
+    assert spec.label == "softmax:sr_ratios=[1,1,1,1]:attn_drop=0.1"
+    assert spec_of("flatten").options == {}
     assert [parse_count(t) for t in ("4096", "4k", "1m")] == [4096, 4096, 1 << 20]
     assert grid_for(65536) == (256, 256) and grid_for(240) == (15, 16)
-    with pytest.raises(ValueError, match="key=value"):
-        parse_spec("linear:relu")
+    with pytest.raises(ValueError, match="expected a name"):
+        spec_of({"feature_map": "relu"})
 
 
 @pytest.mark.parametrize(
@@ -100,10 +100,11 @@ def test_memory_guard_turns_an_oversized_child_into_a_clean_oom():
 
 
 @pytest.mark.slow
-def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
+def test_bench_op_model_maxres_smoke_write_tables_csvs_and_plots(tmp_path, capsys):
     # One thread: on a busy 2-core machine two spinning OpenMP threads make tiny steps many times slower.
-    args = ["--smoke", "--device", "cpu", "--threads", "1", "--variants", "softmax", "flatten"]
-    main(["all", *args, "--out", str(tmp_path)])
+    args = ["grid=smoke", "device=cpu", "threads=1", "variants=[softmax,flatten]", f"out={tmp_path}"]
+    for part in ("op", "model", "maxres"):
+        assert main([part, *args]) == 0
     printed = capsys.readouterr().out
     for title in ("op forward, fp32", "op forward+backward, bf16", "model pvt:size=b0", "maxres"):
         assert title in printed
@@ -157,51 +158,12 @@ def test_bench_all_smoke_writes_tables_csvs_and_plots(tmp_path, capsys):
 
 def test_bench_op_compile_times_a_compiled_twin_beside_each_variant(tmp_path):
     torch._dynamo.reset()
-    args = ["--smoke", "--device", "cpu", "--threads", "1", "--variants", "flatten", "--dtypes", "fp32"]
+    args = ["grid=smoke", "device=cpu", "threads=1", "variants=[flatten]", "dtypes=[fp32]"]
     try:
-        main(["op", *args, "--modes", "fwd", "--no-memory", "--compile", "--out", str(tmp_path)])
+        main(["op", *args, "modes=[fwd]", "memory=false", "compile=true", f"out={tmp_path}"])
     finally:
         torch._dynamo.reset()
     rows = {(r["variant"], int(r["tokens"])): r for r in read_csv(tmp_path / "op.csv")}
     for tokens in (256, 1024):
         for variant in ("flatten", "flatten+compile"):
             assert rows[variant, tokens]["status"] == "ok" and float(rows[variant, tokens]["seconds"]) > 0
-
-
-@pytest.mark.slow
-def test_bench_accuracy_smoke_trains_tests_and_resumes(tmp_path, capsys):
-    """Costs measured alone first (--only costs), then two variants trained through train.py, tested, and
-    tabled with those costs reused; --only table tables the finished runs without training; a rerun keeps
-    finished runs and resumes an interrupted one from its last.ckpt instead of starting over."""
-    args = ["accuracy", "--smoke", "--device", "cpu", "--threads", "1", "--out", str(tmp_path)]
-    main([*args, "--only", "costs"])
-    assert not (tmp_path / "runs").exists()
-    costs = json.loads((tmp_path / "costs.json").read_text())
-    assert set(costs["steps"]) == set(costs["maxres"]) == {"sra", "linear"}
-    main(args)
-    assert "accuracy" in capsys.readouterr().out
-    runs = {r["variant"]: r for r in read_csv(tmp_path / "accuracy.csv")}
-    assert set(runs) == {"sra", "linear"} and all(r["status"] == "ok" for r in runs.values())
-    assert all(0 <= float(r["test_mIoU"]) <= 100 and int(r["steps"]) == 2 for r in runs.values())
-    table = {r["variant"]: r for r in read_csv(tmp_path / "accuracy_table.csv")}
-    for row in table.values():
-        assert row["seeds"] == "1" and float(row["step_seconds"]) > 0 and int(row["peak_bytes"]) > 0
-        assert int(row["maxres"]) == 64  # the smoke search stops at 64²
-        assert float(row["step_seconds"]) == costs["steps"][row["variant"]]["step_seconds"]  # not re-timed
-    markdown = (tmp_path / "accuracy.md").read_text().splitlines()
-    assert [line.split("|")[1].strip() for line in markdown[2:]] == ["`sra`", "`linear`"]
-    assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    finished, interrupted = (tmp_path / "runs" / name for name in ("sra-seed0", "linear-seed0"))
-    finished_log = (finished / "train_stdout.log").stat().st_size
-    (interrupted / "summary.json").unlink()  # as if killed after its last checkpoint, before testing
-    interrupted_log = (interrupted / "train_stdout.log").stat().st_size
-    main([*args, "--only", "table"])  # the finished run alone, nothing trained
-    assert [r["variant"] for r in read_csv(tmp_path / "accuracy.csv")] == ["sra"]
-    assert (interrupted / "train_stdout.log").stat().st_size == interrupted_log
-    main(args)
-    assert (finished / "train_stdout.log").stat().st_size == finished_log  # not trained again
-    assert ": resuming from " in (interrupted / "train_stdout.log").read_text()
-    rerun = {r["variant"]: r for r in read_csv(tmp_path / "accuracy.csv")}
-    assert rerun["sra"]["test_mIoU"] == runs["sra"]["test_mIoU"]
-    assert rerun["linear"]["status"] == "ok" and int(rerun["linear"]["steps"]) == 2

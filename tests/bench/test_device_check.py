@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from segattn.bench.arms import experiment_table, spec_overrides
 from segattn.cli import compose_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,20 +23,28 @@ def test_the_device_scripts_parse(script):
 
 
 def test_the_gpu_arms_are_whole_images_at_equal_pixels_or_equal_epochs():
-    table = experiment_table("idrid_gpu_whole", ROOT)
-    assert table is not None
-    arms = {arm.label: arm for arm in table.arms}
-    assert list(arms) == ["A-linear-full", "B-linear-x4-equal-time", "C-linear-x4-equal-epochs", "sra-full"]
+    experiment = ["experiment=idrid_gpu_whole", *ROOT]
+    params = compose_command("train", experiment, keep_hydra=True).hydra.sweeper.params
+    assert params["+experiment/arms/idrid_gpu_whole"].split(",") == [
+        "A-linear-full",
+        "B-linear-x4-equal-time",
+        "C-linear-x4-equal-epochs",
+        "sra-full",
+    ]
+    arms = {
+        label: compose_command("train", [*experiment, f"+experiment/arms/idrid_gpu_whole={label}"])
+        for label in params["+experiment/arms/idrid_gpu_whole"].split(",")
+    }
 
     def pixels_per_step(label: str) -> int:
-        options = arms[label].options
-        shrink, batch = options.get("data.downsample", 1), options.get("data.batch_size", 2)
+        shrink, batch = arms[label].data.downsample, arms[label].data.batch_size
         return batch * (IDRID[0] // shrink) * (IDRID[1] // shrink)
 
     assert pixels_per_step("B-linear-x4-equal-time") == pixels_per_step("A-linear-full")  # 32 x 712x1072
-    assert arms["C-linear-x4-equal-epochs"].options == {"data.downsample": 4}  # A's batch of 2
-    for label, arm in arms.items():
-        cfg = compose_command("train", ["experiment=idrid_gpu_whole", *ROOT, *spec_overrides(arm)])
+    recipe = compose_command("train", experiment)
+    assert arms["C-linear-x4-equal-epochs"].data.downsample == 4  # A's batch of 2
+    assert arms["C-linear-x4-equal-epochs"].data.batch_size == recipe.data.batch_size == 2
+    for label, cfg in arms.items():
         assert cfg.data.crop_size is None and cfg.inference.mode == "whole", label
         assert cfg.attention.name == ("sra" if label == "sra-full" else "linear")
         assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 from torch import nn
@@ -87,3 +89,35 @@ def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_back
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision='fp8': expected bf16-mixed or 32-true"):
         step_traffic(OneConvStep(), 1, 4, 4, precision="fp8")
+
+
+def test_the_traffic_part_writes_a_row_per_component_and_the_total(tmp_path, capsys):
+    """``python -m segattn.bench traffic``: train.py's model, attention and loss groups with their keys."""
+    from segattn.bench.__main__ import main
+
+    out = tmp_path / "traffic"
+    argv = ["traffic", *TINY_MODEL["pvt"], "attention=linear", "size=64", "precision=32-true"]
+    assert main([*argv, "loss.chunk_rows=16", "model.grad_checkpointing=true", f"out={out}"]) == 0
+    with (out / "traffic.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["component"] for row in rows] == [*COMPONENTS, "total"]
+    assert {(row["grad_checkpointing"], row["chunk_rows"], row["size"]) for row in rows} == {
+        ("True", "16", "64")
+    }
+    assert float(rows[-1]["total_gb"]) == pytest.approx(
+        sum(float(row["total_gb"]) for row in rows[:-1]), abs=0.05
+    )
+    assert "attention core" in capsys.readouterr().out
+
+
+def test_a_traffic_key_out_of_range_is_refused_before_the_out_dir(tmp_path, capsys):
+    from segattn.bench.__main__ import main
+
+    out = tmp_path / "traffic"
+    assert main(["traffic", "size=0", "precision=fp8", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "python -m segattn.bench traffic: size=0: expected an integer >= 1; precision='fp8': expected one of "
+        "bf16-mixed, 32-true"
+    )
+    assert not out.exists()

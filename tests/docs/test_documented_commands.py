@@ -19,8 +19,8 @@ resolve:
   of each ``conf/<name>.yaml`` names: what the command checks before it does anything. train.py and eval.py
   (Hydra applications) first ``cli.check_command_line``; then every one ``cli.compose_command`` with the
   overrides and ``config.check_values``. Data folders are not checked: CI has no datasets.
-- ``python -m segattn.bench ...``: the bench's parser, then its ``check_before_writing`` (the environment; for
-  ``accuracy`` the experiment with its ``--overrides``).
+- ``python -m segattn.bench <part> ...``: as the Hydra commands, ``conf/bench/<part>.yaml`` composed with the
+  overrides and ``config.check_values``.
 - ``make <target> [VAR=value ...]``: ``make -n`` prints the recipe without running it; the target must exist,
   each VAR must be read by the Makefile, and each python command of the recipe is checked as above, so
   ``make train ARGS="..."`` checks train.py's overrides. A recipe line that carries a value given on the make
@@ -44,10 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from segattn.bench.__main__ import check_before_writing
-from segattn.bench.__main__ import parse_args as bench_arguments
+from segattn.bench.__main__ import PARTS as BENCH_PARTS
 from segattn.cli import check_command_line, compose_command, hydra_arguments, refusal
 from segattn.config import check_values, config_dir
 from segattn.errors import ConfigError, one_line
@@ -216,14 +214,12 @@ def check_help(program: str, args: list[str], monkeypatch: pytest.MonkeyPatch) -
 
 
 def check_bench(args: list[str]) -> None:
-    """The bench's parser (argparse exits 2 with its one line) and what it checks before writing."""
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            parsed = bench_arguments(args)
-    except SystemExit:
-        raise ConfigError(f"{BENCH} {' '.join(args)}: {said.getvalue().strip()}") from None
-    check_before_writing(parsed, torch.device("cpu"))
+    """The part's config composed with the overrides and its value checks."""
+    part = args[0] if args else ""
+    if part not in BENCH_PARTS:
+        raise ConfigError(f"{BENCH} {part!r}: expected one of {', '.join(BENCH_PARTS)}")
+    cfg = compose_command(f"bench/{part}", args[1:])
+    check_values(cfg, f"bench/{part}")
 
 
 def check_make(args: list[str], folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,8 +302,9 @@ def test_commands_are_read_as_the_shell_reads_them():
         "python eval.py --help",
         "python -m segattn.export --help",
         "python -m segattn.bench --help",
-        "python -m segattn.bench op --smoke --variants flatten",
-        "python -m segattn.bench accuracy --smoke --overrides trainer.max_epochs=1",
+        "python -m segattn.bench op grid=smoke variants=[flatten]",
+        "python -m segattn.bench traffic model=vit attention=flatten size=1024 loss.chunk_rows=256",
+        "python train.py -m experiment=accuracy_smoke",
         "SEGATTN_KERNEL=torch python -m segattn.doctor data=camvid data.root=/nowhere",
     ],
 )
@@ -328,8 +325,9 @@ def test_forms_no_page_shows_yet_are_checked(command, folder, monkeypatch):
         ('make train ARGS="data.crop=512"', "'data.crop'"),
         ("make tset", "tset"),
         ("make test ARG=-x", "ARG"),
-        ("python -m segattn.bench op --sizez 1k", "--sizez"),
-        ("python -m segattn.bench accuracy --smoke --overrides data.crop=512", "'data.crop'"),
+        ("python -m segattn.bench op sizez=[1k]", "sizez"),
+        ("python -m segattn.bench traffic precision=fp8", "precision"),
+        ("python train.py -m experiment=accuracy_smoke data.crop=512", "'data.crop'"),
         ("python -m segattn.exprot --help", "segattn.exprot"),
         ("python predict.py checkpoint=<ckpt>", "predict.py"),
         ("SEGATTN_KERNEL=cuda python train.py", "SEGATTN_KERNEL"),
