@@ -199,8 +199,13 @@ def skip_reason(
     return None
 
 
-def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]:
-    """Time every (variant, dtype, mode, size) with the floor of the same inputs, interleaved per size."""
+def time_ops(
+    settings: OpSettings,
+    device: torch.device,
+    save: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
+) -> list[dict[str, Any]]:
+    """Time every (variant, dtype, mode, size) with the floor of the same inputs, interleaved per size;
+    ``save(rows)`` after each size: a run cut short keeps what it measured."""
     labelled = labelled_variants(settings)
     modules = {
         label: build_variant(spec, settings.dim, settings.heads, device, kernel)
@@ -272,6 +277,7 @@ def time_ops(settings: OpSettings, device: torch.device) -> list[dict[str, Any]]
                         | {"floor_seconds": floor_seconds, "floor_ratio": ratio, "status": "ok", "note": ""}
                         | {"matmul_ratio": seconds / matmul_seconds, "copy_ratio": seconds / copy_seconds}
                     )
+                save(rows)
                 del cases, calls
     add_speedups(rows)
     return rows
@@ -415,8 +421,7 @@ def run(settings: OpSettings, device: torch.device, out_dir: Path) -> list[dict[
         settings = replace(
             settings, variants=with_compiled(settings.variants, True), warmup=max(settings.warmup, 2)
         )
-    rows = time_ops(settings, device)
-    write_csv(out_dir / "op.csv", rows)  # the timings survive if the profile or memory children are cut short
+    rows = time_ops(settings, device, save=functools.partial(write_csv, out_dir / "op.csv"))
     if settings.profile:
         profiles = profile_ops(rows, settings, device)
         write_csv(out_dir / "op_profile.csv", profiles)

@@ -9,10 +9,11 @@ from omegaconf import OmegaConf
 from train_overrides import CONF, REPO, compose_config
 
 GLOBAL_GROUPS = ("experiment", "debug")  # these patch the whole config rather than filling one key
+OTHER_COMMANDS = ("bench",)  # the bench's parts, composed by the bench (tests/bench), not by train.py
 GROUP_OPTIONS = sorted(
     (group.name, option.stem)
     for group in CONF.iterdir()
-    if group.is_dir() and group.name not in (*GLOBAL_GROUPS, "hydra")
+    if group.is_dir() and group.name not in (*GLOBAL_GROUPS, *OTHER_COMMANDS, "hydra")
     for option in group.glob("*.yaml")
 )
 
