@@ -33,7 +33,7 @@ from ..cli import run_command
 from ..cpu_memory import reuse_freed_memory
 from ..errors import EXIT_CONFIG, ConfigError
 from . import report
-from .specs import Spec, parse_count, parse_image_size, spec_of
+from .specs import STEP_OPTIONS, Spec, parse_count, parse_image_size, spec_of
 
 PROG = "python -m segattn.bench"
 PARTS = ("op", "model", "maxres", "raster", "traffic")
@@ -108,14 +108,19 @@ def variants(listed: list[Any]) -> list[Spec]:
 
 
 def models(listed: list[Any]) -> list[Spec]:
-    """``models``: families that build with their options, checked on the meta device (no memory)."""
+    """``models``: families that build with their options, checked on the meta device (no memory); the
+    step's own options (``STEP_OPTIONS``: the loss's row chunks) beside them."""
     from ..models import build_model
 
     out = specs("models", listed)
     for spec in out:
+        network = {key: value for key, value in spec.options.items() if key not in STEP_OPTIONS}
+        rows = spec.options.get("loss_chunk_rows")
+        if rows is not None and not (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1):
+            raise ConfigError(f"models={spec.label}: loss_chunk_rows={rows!r}; expected an integer >= 1")
         try:
             with torch.device("meta"):
-                build_model(spec.name, num_classes=2, attention="linear", **spec.options)
+                build_model(spec.name, num_classes=2, attention="linear", **network)
         except (ValueError, TypeError) as error:
             raise ConfigError(f"models={spec.label}: {error}") from None
     return out

@@ -23,6 +23,9 @@ class Spec:
     kernel: str = "auto"
 
 
+STEP_OPTIONS = ("loss_chunk_rows",)  # options of a model spec for its training step, not for build_model
+
+
 def with_compiled(specs: list[Spec], compile: bool) -> list[Spec]:
     """``specs``, each followed by its compiled twin when ``compile``: ``flatten``, ``flatten+compile``."""
     if not compile:

@@ -5,7 +5,10 @@ run (`DRY_RUN=1 make device-check`, docs/performance.md "The device script"): mi
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,50 @@ def test_the_gpu_arms_are_whole_images_at_equal_pixels_or_equal_epochs():
         assert cfg.data.crop_size is None and cfg.inference.mode == "whole", label
         assert cfg.attention.name == ("sra" if label == "sra-full" else "linear")
         assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
+
+
+def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.csv").write_text(
+        "model,dtype,size,batch,variant,seconds,status,note\n"
+        "pvt:size=b0,bf16,4096,1,linear,0.05,ok,\n"
+        "pvt:size=b0,bf16,8192,1,linear,0.3,ok,\n"
+        "pvt:size=b0,bf16,8192,1,sra,1.5,ok,\n"
+    )
+    (tmp_path / "maxres").mkdir()
+    (tmp_path / "maxres" / "maxres.csv").write_text("model,variant,maxres,limited_by\npvt,linear,5120,oom\n")
+    (tmp_path / "steps.txt").write_text(
+        "kernel_tests: exit 0 after 30 s (limit 45 s)\nop: exit 124 after 40 s (limit 40 s)\n"
+    )
+    lines = subprocess.run(
+        [sys.executable, str(REPO / ".ci/device-summary"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert lines[0] == "pvt-b0 linear 4096² training step <= 60 ms: met (50.0 ms)"
+    assert lines[1] == "linear >= 4x faster than sra at 8192²: met (5.00x: linear 0.300 s, sra 1.500 s)"
+    assert lines[2] == (
+        "one linear layer at 262144 tokens, forward+backward <= 1 ms: not measured: no linear 262144-token "
+        "row (op: exit 124 after 40 s (limit 40 s))"
+    )
+    assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², limited by oom)"
+    assert lines[4] == "CUDA tests kernel_tests: passed"
+    assert lines[5] == "CUDA tests op_tests: not passed (not run)"
+    assert lines[-1].startswith("predict throughput (issue 40") and "not measured" in lines[-1]
+
+
+@pytest.mark.slow
+def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
+    """The device script's CPU form at tiny sizes, its benchmark steps only: each writes its rows and the
+    summary judges each target from them (met or not met, never 'not measured')."""
+    env = {**os.environ, "DRY_RUN": "1", "ONLY": "model,op,maxres", "RESULTS": str(tmp_path)}
+    subprocess.run(
+        ["bash", str(REPO / ".ci/device-check")], check=True, env=env, capture_output=True, timeout=600
+    )
+    steps = (tmp_path / "steps.txt").read_text()
+    for step in ("model", "op", "maxres"):
+        assert f"{step}: exit 0 " in steps, steps
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
+    assert json.loads((tmp_path / "environment.json").read_text())["project_pins"]["torch"] == "2.14.1"

@@ -52,3 +52,14 @@ def tiny_record(model: nn.Module) -> ModelRecord:
 def tiny_opened(model: nn.Module) -> TrainedModel:
     """A model built in a test as ``open_model`` returns it (its path names no file)."""
     return TrainedModel(tiny_record(model), Path(""), "test", network=model)
+
+
+def tiny_exports(root: Path, seed: int) -> dict[str, Path]:
+    """A tiny linear-attention model exported into ``root`` as safetensors (``st/``) and ONNX
+    (``onnx/model.onnx``): the two forms predict opens; {format: path}."""
+    from segattn.export import export
+
+    model = tiny_model("linear", seed=seed)
+    export(model, tiny_record(model), "safetensors", root / "st", size=(32, 32))
+    export(model, tiny_record(model), "onnx", root / "onnx", size=(32, 32))
+    return {"safetensors": root / "st", "onnx": root / "onnx" / "model.onnx"}

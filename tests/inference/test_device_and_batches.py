@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from export_fixtures import tiny_model, tiny_record
+from export_fixtures import tiny_exports
 from PIL import Image
 
 import segattn
-from segattn.export import export
 from segattn.inference.device import is_device, onnx_providers, resolved_precision, torch_device
 from segattn.predict import main
 
@@ -23,11 +22,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict[str, Path]:
     """One tiny model exported as safetensors and as ONNX."""
-    root = tmp_path_factory.mktemp("exported")
-    model = tiny_model("linear", seed=5)
-    export(model, tiny_record(model), "safetensors", root / "st", size=(32, 32))
-    export(model, tiny_record(model), "onnx", root / "onnx", size=(32, 32))
-    return {"safetensors": root / "st", "onnx": root / "onnx" / "model.onnx"}
+    return tiny_exports(tmp_path_factory.mktemp("exported"), seed=5)
 
 
 def rgb(height: int, width: int, seed: int) -> np.ndarray:

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from export_fixtures import MEAN, PALETTE, STD, tiny_model, tiny_record
+from export_fixtures import MEAN, PALETTE, STD, tiny_exports, tiny_model
 from PIL import Image
 
-from segattn.export import export
 from segattn.predict import main
 
 SIZES = {"a.png": (37, 53), "b.jpg": (64, 40)}  # (H, W); b is grayscale
@@ -21,11 +20,7 @@ SIZES = {"a.png": (37, 53), "b.jpg": (64, 40)}  # (H, W); b is grayscale
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict[str, Path]:
     """One tiny model exported as safetensors and as ONNX."""
-    root = tmp_path_factory.mktemp("exported")
-    model = tiny_model("linear", seed=3)
-    export(model, tiny_record(model), "safetensors", root / "st", size=(32, 32))
-    export(model, tiny_record(model), "onnx", root / "onnx", size=(32, 32))
-    return {"safetensors": root / "st", "onnx": root / "onnx" / "model.onnx"}
+    return tiny_exports(tmp_path_factory.mktemp("exported"), seed=3)
 
 
 @pytest.fixture

@@ -73,20 +73,20 @@ def history(path: Path) -> list[dict]:
 
 def config(path: Path) -> dict:
     """The run config as {top-level key: value} (JSON-decoded)."""
-    values = {}
-    for record in read_records(path):
-        if record.WhichOneof("record_type") == "config":
-            for item in record.config.update:
-                values[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
-    return values
+    return updates(path, "config")
 
 
 def summary(path: Path) -> dict:
     """The run summary as W&B shows it at the end: every summary update applied in order (JSON-decoded)."""
+    return updates(path, "summary")
+
+
+def updates(path: Path, record_type: str) -> dict:
+    """Every ``config`` or ``summary`` record's updates applied in order, JSON-decoded."""
     values = {}
     for record in read_records(path):
-        if record.WhichOneof("record_type") == "summary":
-            for item in record.summary.update:
+        if record.WhichOneof("record_type") == record_type:
+            for item in getattr(record, record_type).update:
                 values[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
     return values
 
