@@ -34,7 +34,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import runlog
 from .config import (
     NothingToDo,
     check_renamed,
@@ -45,6 +44,7 @@ from .config import (
     register_resolvers,
 )
 from .errors import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, SegattnError, one_line, translate
+from .training import runlog
 
 # What the checks raised before the project's error type: still refusals, said in one line.
 CHECK_ERRORS = (ValueError, FileNotFoundError, FileExistsError)

@@ -35,8 +35,6 @@ from ..files import atomic_write, write_json
 from ..images import DataError
 from ..models import build_model
 from ..record import ModelRecord
-from ..runlog import commit as commit_log
-from ..runlog import mark_trained
 from .checkpointing import AtomicCheckpointIO
 from .components import build, build_group, build_strategy, check_components, entries, target_class
 from .config_checks import check_config
@@ -45,6 +43,8 @@ from .module import SegmentationModule
 from .optim import build_optimizer, build_scheduler
 from .preflight import preflight
 from .rundir import claim_run_dir, environment, save_environment, save_run_config
+from .runlog import commit as commit_log
+from .runlog import mark_trained
 from .summary import print_summary, summarize
 
 

@@ -1,6 +1,6 @@
 """A refused ``train.py`` leaves nothing behind, whichever check refuses it (issue 27): one mechanism at
-the command boundary (``segattn.cli.hydra_app`` with ``segattn.runlog``). Hydra makes the run dir before
-the checks run; the records meant for train.log are held in memory until every check has passed, so a
+the command boundary (``segattn.cli.hydra_app`` with ``segattn.training.runlog``). Hydra makes the run dir
+before the checks run; the records meant for train.log are held in memory until every check has passed, so a
 refused run's directory is empty and is removed again, and the train.log of a run dir being resumed is
 not appended to. What Hydra itself would write in the wrong place (a ``run_name`` with '/') is refused
 before Hydra runs (tests/cli/test_bad_values.py).
