@@ -210,6 +210,7 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             **THREADS,
             **DEVICE,
             "num_examples": ("an integer >= 0", int_at_least(0)),
+            "devices": ("an integer >= 1 (processes, each scoring a share of the split)", int_at_least(1)),
         },
         INFERENCE_SPANS,
     ),

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from ..config import check_data_root, check_values, config_dir, plain, workers
 from ..data import SegDataModule
@@ -25,6 +25,7 @@ from ..data.datamodule import seg_collate
 from ..data.raster import RasterLayout
 from ..files import write_json
 from ..images import DataError, as_hw
+from ..inference.device import torch_device
 from ..inference.trained import open_model
 from ..record import ModelRecord
 from . import report
@@ -76,16 +77,18 @@ def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfi
         )
 
 
-def build_loader(datamodule: SegDataModule, split: str) -> DataLoader:
-    """The split with the evaluation transform, batched as validation batches it."""
+def build_loader(datamodule: SegDataModule, split: str, share: tuple[int, int] = (0, 1)) -> DataLoader:
+    """The split with the evaluation transform, batched as validation batches it; ``share`` = (index,
+    count): every count-th image from the index-th, the share of one of ``count`` processes."""
     try:
         dataset = datamodule.source.dataset(split, datamodule.eval_transform)
     except (DataError, ValueError) as error:
         raise ValueError(f"split={split!r}: {error}") from None
     if len(dataset) == 0:
         raise ValueError(f"split={split!r} of dataset {datamodule.name!r} has no images")
+    index, count = share
     return DataLoader(
-        dataset,
+        dataset if count == 1 else Subset(dataset, range(index, len(dataset), count)),
         batch_size=datamodule.val_batch_size,
         shuffle=False,
         num_workers=datamodule.num_workers,
@@ -114,12 +117,13 @@ def score_loader(
     record: ModelRecord,
     num_examples: int,
     split: str,
+    show_progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Add every batch of ``loader`` to ``metric`` and ``ap``; returns the first ``num_examples`` images as
     examples. Masks larger than their images (``data.downsample``) are scored at the masks' resolution,
     the logits resized bilinearly to them, as validation does."""
     examples: list[dict[str, Any]] = []
-    with Progress(transient=False) as bar:
+    with Progress(transient=False, disable=not show_progress) as bar:
         task = bar.add_task(f"evaluating {split}", total=len(loader.dataset))
         for batch in loader:
             preds = score_logits(predict(batch["image"]), batch["mask"], metric, ap)
@@ -145,20 +149,20 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
     inference = plain(cfg.inference)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads), str(cfg.device))
+    devices = process_devices(str(cfg.device), int(cfg.devices))
+    model = open_model(Path(str(cfg.checkpoint)), int(cfg.threads), devices[0])
     predict, record = predictor(model, inference), model.record
     data = data_config(cfg, record)
     if inference["batch_size"] is not None:  # images per forward pass; null: as validation batches them
         data["val_batch_size"] = inference["batch_size"]
     datamodule = SegDataModule(**data)
     check_classes(datamodule, record, cfg)
+    ap_options = {
+        "bins": int(cfg.metrics.ap_bins),
+        "mean_classes": class_ids(cfg.metrics.ap_mean_classes, datamodule.classes, "metrics.ap_mean_classes"),
+    }
     metric = SegmentationMetric(record.num_classes, datamodule.ignore_index)
-    ap = AveragePrecisionMetric(
-        record.num_classes,
-        datamodule.ignore_index,
-        bins=int(cfg.metrics.ap_bins),
-        mean_classes=class_ids(cfg.metrics.ap_mean_classes, datamodule.classes, "metrics.ap_mean_classes"),
-    )
+    ap = AveragePrecisionMetric(record.num_classes, datamodule.ignore_index, **ap_options)
     examples: list[dict[str, Any]] = []
     if isinstance(datamodule.source, RasterLayout):
         with Progress(transient=False) as bar:
@@ -168,9 +172,13 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
                 lambda name: bar.update(task, description=f"evaluating {cfg.split}: {name}"),
             )  # fmt: skip
     else:
-        loader = build_loader(datamodule, str(cfg.split))
-        images = len(loader.dataset)
-        examples = score_loader(predict, loader, metric, ap, record, int(cfg.num_examples), str(cfg.split))
+        task = {"checkpoint": str(cfg.checkpoint), "threads": int(cfg.threads), "inference": inference}
+        task |= {"data": data, "split": str(cfg.split), "ap": ap_options, "devices": devices}
+        with OtherShares(task) as others:
+            loader = build_loader(datamodule, str(cfg.split), (0, len(devices)))
+            split, shown = str(cfg.split), int(cfg.num_examples)
+            examples = score_loader(predict, loader, metric, ap, record, shown, split)
+            images = len(loader.dataset) + others.add_to(metric, ap)
     confusion = metric.confusion.numpy()
     scores = report.scores_record({**metric.compute(), **ap.compute()}, confusion, datamodule.classes)
     out_dir = Path(cfg.paths.output_dir)
@@ -197,6 +205,84 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
     written = "metrics.json, per_class.csv, confusion.png" + (", examples.png" if examples else "")
     print(f"eval: wrote {written} to {out_dir}")
     return payload
+
+
+def process_devices(device: str, count: int) -> list[str]:
+    """The device of each of ``count`` evaluating processes (``devices``): one CUDA device each, cuda:0 to
+    cuda:<count - 1>, where ``device`` is a CUDA device (auto on a machine with one, or cuda); the CPU for all
+    otherwise. More processes than CUDA devices, or several with one named device (cuda:N), is a
+    ValueError naming the settings."""
+    first = torch_device(device)
+    if count == 1 or first == "cpu":
+        return [first] * count
+    if device not in ("auto", "cuda"):
+        raise ValueError(
+            f"devices={count} with device={device}: several processes take device=cuda (or auto)"
+        )
+    available = torch.cuda.device_count()
+    if count > available:
+        raise ValueError(
+            f"devices={count}: this machine has {available} CUDA device(s); expected at most {available}"
+        )
+    return [f"cuda:{index}" for index in range(count)]
+
+
+def score_share(task: dict[str, Any], index: int, results: Any) -> None:
+    """The ``index``-th share of the split, scored in a process of its own on ``task["devices"][index]``:
+    puts (index, the metrics' summed states) on ``results``, or (index, the error's line)."""
+    try:
+        model = open_model(Path(task["checkpoint"]), task["threads"], task["devices"][index])
+        datamodule = SegDataModule(**task["data"])
+        metric = SegmentationMetric(model.record.num_classes, datamodule.ignore_index)
+        ap = AveragePrecisionMetric(model.record.num_classes, datamodule.ignore_index, **task["ap"])
+        loader = build_loader(datamodule, task["split"], (index, len(task["devices"])))
+        predict = predictor(model, task["inference"])
+        score_loader(predict, loader, metric, ap, model.record, 0, task["split"], show_progress=False)
+        counts = (metric.confusion, ap.positives, ap.negatives)  # as arrays: a tensor would be shared by a
+        results.put((index, (len(loader.dataset), *(c.numpy() for c in counts))))  # descriptor gone at exit
+    except Exception as error:  # said by the main process, which owns the command's boundary
+        results.put((index, f"{type(error).__name__}: {error}"))
+
+
+class OtherShares:
+    """The shares of the split beyond the first, scored by ``len(task["devices"]) - 1`` spawned processes
+    while this one scores its own; ``add_to`` sums their counts into this process's metrics, as the
+    synced sums of validation add up over ranks (confusion counts and AP histograms are sums)."""
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        self.task, self.processes = task, []
+        self.results: Any = None
+
+    def __enter__(self) -> OtherShares:
+        count = len(self.task["devices"])
+        if count > 1:
+            context = torch.multiprocessing.get_context("spawn")
+            self.results = context.Queue()
+            for index in range(1, count):
+                process = context.Process(target=score_share, args=(self.task, index, self.results))
+                process.start()
+                self.processes.append(process)
+        return self
+
+    def add_to(self, metric: SegmentationMetric, ap: AveragePrecisionMetric) -> int:
+        """Wait for every other share; add its counts to ``metric`` and ``ap``; the number of its images."""
+        images = 0
+        for _ in self.processes:
+            index, result = self.results.get()
+            if isinstance(result, str):
+                raise ValueError(f"devices: the process scoring share {index} failed: {result}")
+            count, confusion, positives, negatives = result
+            images += count
+            metric.confusion += torch.from_numpy(confusion)
+            ap.positives += torch.from_numpy(positives)
+            ap.negatives += torch.from_numpy(negatives)
+        return images
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.join(timeout=None if exc[0] is None else 5)
+            if process.is_alive():
+                process.kill()
 
 
 def describe_inference(inference: dict[str, Any]) -> str:

@@ -82,6 +82,16 @@ def test_eval_on_the_cpu_in_batches_keeps_the_validation_scores(trained, tmp_pat
     )
 
 
+def test_eval_in_two_processes_sums_to_the_scores_of_one(trained, tmp_path):
+    """devices=2: a spawned process scores every other image; its confusion counts and AP histograms add
+    up to exactly what one process counts (4 val images: shares of 2 and 2)."""
+    checkpoint = f"checkpoint={trained['last_checkpoint']}"
+    one = evaluate(eval_config(tmp_path / "one", checkpoint, "split=val", "device=cpu"))
+    two = evaluate(eval_config(tmp_path / "two", checkpoint, "split=val", "device=cpu", "devices=2"))
+    assert two["confusion"] == one["confusion"] and two["images"] == one["images"] == 4
+    assert two["summary"] == one["summary"]
+
+
 def test_eval_of_the_test_split_matches_test_after_fit(trained, tmp_path):
     payload = evaluate(eval_config(tmp_path, f"checkpoint={trained['best_checkpoint']}"))
     assert payload["split"] == "test"
@@ -131,6 +141,7 @@ def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
         (["split=holdout"], "split='holdout': synthetic has splits ['train', 'val', 'test'], not 'holdout'"),
         (["data=camvid", "data.root=."], "predicts 5 classes but dataset 'camvid' has 11 (sky, building,"),
         (["inference.mode=tiles"], "inference.mode='tiles': expected one of whole, slide"),
+        (["device=cpu", "devices=0"], "devices=0: expected an integer >= 1"),
         (["device=cuda:1"] if not torch.cuda.is_available() else ["device=cuda:99"], "CUDA device"),
         (
             ["device=cpu", "inference.precision=fp16"],
