@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,10 @@ class SegDataModule(pl.LightningDataModule):
     rotation and colour still apply; a dataset read at ``downsample`` is shrunk first), each batch padded
     to a multiple of ``size_divisor`` (the training run sets the model's stride) and made of images of
     one size; ``whole_image_sizes`` refuses a split of mixed sizes when ``batch_size`` > 1.
+
+    ``augment`` (``data.augment``): a list of albumentations transforms by ``_target_`` that replaces the
+    flips, rotation and colour ``hflip``, ``vflip``, ``rotate`` and ``photometric`` set; checked here, so a
+    misspelt transform or argument is refused before anything is built (``transforms.build_augment``).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class SegDataModule(pl.LightningDataModule):
         vflip: float = 0.0,
         rotate: float = 0.0,
         photometric: bool = True,
+        augment: Sequence[Mapping[str, Any]] | None = None,
         eval_short_side: int | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
@@ -145,7 +150,7 @@ class SegDataModule(pl.LightningDataModule):
         self.reads_windows = bool(getattr(self.source, "reads_windows", False))  # crops read as windows
         self.train_transform = build_train_transform(
             self.crop_size, ratio_range, base_size, cat_max_ratio, hflip, photometric, mean, std,
-            self.ignore_index, vflip, rotate, cropped=self.reads_windows,
+            self.ignore_index, vflip, rotate, cropped=self.reads_windows, augment=augment,
         )  # fmt: skip
         self.eval_transform = build_eval_transform(eval_short_side, mean, std)
         self.datasets: dict[str, SegDatasetBase] = {}

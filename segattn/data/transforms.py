@@ -1,11 +1,12 @@
 """Albumentations pipelines: mmseg-style training augmentation and full-resolution (or short-side) eval.
 
-Train: RandomResize(ratio_range) → CatMaxRatioCrop → HorizontalFlip (→ VerticalFlip → Rotate, when set) →
-photometric distortion → Normalize → pad to the crop size (image 0, i.e. the mean colour after
-normalisation; mask ignore index). Datasets that read crop windows themselves (``windows.py``) get the same
-pipeline without the resize and the crop. Whole images (``crop_size=None``, ``data.crop_size=null``): no
-resize, crop or padding; flips, rotation and photometric distortion still apply, and the collate function
-pads each batch to the model's stride.
+Train: RandomResize(ratio_range) → CatMaxRatioCrop → augmentation → Normalize → pad to the crop size
+(image 0, i.e. the mean colour after normalisation; mask ignore index). The augmentation is HorizontalFlip
+(→ VerticalFlip → Rotate, when set) → photometric distortion, or the albumentations transforms
+``data.augment`` lists (``build_augment``). Datasets that read crop windows themselves (``windows.py``) get
+the same pipeline without the resize and the crop. Whole images (``crop_size=None``,
+``data.crop_size=null``): no resize, crop or padding; the augmentation still applies, and the collate
+function pads each batch to the model's stride.
 Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values;
 OpenCV's INTER_NEAREST_EXACT samples at pixel centres like INTER_LINEAR (plain INTER_NEAREST is shifted by
 up to half a source pixel, which misaligns masks when downscaling).
@@ -13,7 +14,9 @@ up to half a source pixel, which misaligns masks when downscaling).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import albumentations as A
@@ -23,6 +26,7 @@ import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.core.transforms_interface import DualTransform
 
+from ..errors import ConfigError, one_line
 from ..images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -111,6 +115,73 @@ class CatMaxRatioCrop(BaseCrop):
         return {"crop_coords": best[1]}
 
 
+AUGMENT_ENTRY = (
+    "a mapping with the _target_ of an albumentations transform and its arguments, e.g. "
+    "{_target_: albumentations.HorizontalFlip, p: 0.5}"
+)
+
+
+def augment_class(key: str, entry: Any) -> type[A.BasicTransform]:
+    """The albumentations transform class entry ``key`` of ``data.augment`` names by its ``_target_``
+    (``albumentations.HorizontalFlip``): a ConfigError naming the key when the entry is not a mapping with
+    a ``_target_`` or albumentations has no transform of that name (with the nearest names)."""
+    target = entry.get("_target_") if isinstance(entry, Mapping) else None
+    if not isinstance(target, str):
+        raise ConfigError(f"{key}={entry!r}: expected {AUGMENT_ENTRY}")
+    name = target.removeprefix("albumentations.")
+    found = getattr(A, name, None)
+    if not (isinstance(found, type) and issubclass(found, A.BasicTransform)):
+        names = [n for n, v in vars(A).items() if isinstance(v, type) and issubclass(v, A.BasicTransform)]
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"{key}: albumentations has no transform {name!r}{hint}")
+    return found
+
+
+def build_augment(entries: Sequence[Mapping[str, Any]], key: str = "data.augment") -> list[A.BasicTransform]:
+    """The transforms the ``data.augment`` list names, in its order: each entry a ``_target_``
+    (``albumentations.<Transform>``) and that transform's arguments. An entry that names no transform, an
+    argument the transform does not take or a value it refuses is a ConfigError naming the entry."""
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        raise ConfigError(f"{key}={entries!r}: expected a list of {AUGMENT_ENTRY}, or null for the default")
+    transforms = []
+    for index, entry in enumerate(entries):
+        where = f"{key}[{index}]"
+        found = augment_class(where, entry)
+        where = f"{where} {found.__name__}"
+        arguments = {name: value for name, value in entry.items() if name != "_target_"}
+        takes = inspect.signature(found).parameters
+        for name in arguments:
+            if name not in takes:
+                raise ConfigError(f"{where}: unexpected argument {name!r}; it takes {', '.join(takes)}")
+        try:
+            transforms.append(found(**arguments))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{where}: refused its arguments: {one_line(error)}") from None
+    return transforms
+
+
+def default_augment(
+    hflip: float, vflip: float, rotate: float, photometric: bool, ignore_index: int
+) -> list[A.BasicTransform]:
+    """The augmentation of ``data.augment=null``: a horizontal flip with probability ``hflip``, a vertical
+    flip with ``vflip``, a random rotation of up to ``rotate`` degrees (half the items; corners filled with 0
+    and the ignore index), mmseg's photometric distortion (half the items) when ``photometric``."""
+    steps: list[A.BasicTransform] = []
+    if hflip > 0:
+        steps.append(A.HorizontalFlip(p=hflip))
+    if vflip > 0:
+        steps.append(A.VerticalFlip(p=vflip))
+    if rotate > 0:
+        steps.append(
+            A.Rotate(limit=rotate, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index, p=0.5)
+        )
+    if photometric:
+        # mmseg PhotoMetricDistortion ranges: brightness ±32/255, contrast and saturation 0.5..1.5, hue ±18°
+        steps.append(A.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.1, p=0.5))
+    return steps
+
+
 def build_train_transform(
     crop_size: tuple[int, int] | None,
     ratio_range: Sequence[float] = (0.5, 2.0),
@@ -124,12 +195,13 @@ def build_train_transform(
     vflip: float = 0.0,
     rotate: float = 0.0,
     cropped: bool = False,
+    augment: Sequence[Mapping[str, Any]] | None = None,
 ) -> A.Compose:
     """The training pipeline; ``crop_size`` is (height, width) (``SegDataModule.crop_size``), or None for
     whole images (no resize, crop or padding: ``ratio_range``, ``base_size``, ``cat_max_ratio`` unused).
-    ``rotate``: the largest angle in degrees of a random rotation (half the items; corners filled with 0
-    and the ignore index). ``cropped``: the dataset has already scaled and cropped (no RandomResize, no
-    crop)."""
+    ``augment``: the ``data.augment`` entries (``build_augment``) that replace the augmentation
+    ``default_augment`` builds from ``hflip``, ``vflip``, ``rotate`` and ``photometric``. ``cropped``: the
+    dataset has already scaled and cropped (no RandomResize, no crop)."""
     whole = crop_size is None
     h, w = crop_size or (0, 0)
     cropped = cropped or whole
@@ -138,17 +210,10 @@ def build_train_transform(
         steps.append(RandomResize(ratio_range, base_size))
     if not cropped:
         steps.append(CatMaxRatioCrop(h, w, cat_max_ratio, ignore_index))
-    if hflip > 0:
-        steps.append(A.HorizontalFlip(p=hflip))
-    if vflip > 0:
-        steps.append(A.VerticalFlip(p=vflip))
-    if rotate > 0:
-        steps.append(
-            A.Rotate(limit=rotate, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=ignore_index, p=0.5)
-        )
-    if photometric:
-        # mmseg PhotoMetricDistortion ranges: brightness ±32/255, contrast and saturation 0.5..1.5, hue ±18°
-        steps.append(A.ColorJitter(brightness=0.125, contrast=0.5, saturation=0.5, hue=0.1, p=0.5))
+    if augment is None:
+        steps += default_augment(hflip, vflip, rotate, photometric, ignore_index)
+    else:
+        steps += build_augment(augment)
     steps.append(A.Normalize(mean=tuple(mean), std=tuple(std)))
     if not whole:
         steps.append(

@@ -11,6 +11,7 @@ config, classes, palette, normalisation, inference settings, versions) travels o
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from rich.console import Console
 from torch import nn
 
 from ..cli import run_command
@@ -74,18 +76,26 @@ def run(args: DictConfig) -> int:
                 f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict checkpoint={path}"
             )
         start = time.perf_counter()
-        report = export(
-            opened.network,
-            opened.record,
-            args.format,
-            args.out,
-            (args.height, args.width),
-            args.opset,
-            args.atol,
-            args.exporter,
-        )
+        doing = f"exporting {args.checkpoint} as {args.format} to {args.out} at {args.height}x{args.width}"
+        print(f"{doing}, then checking it against PyTorch (a minute or more on a CPU)", flush=True)
+        with working(doing):
+            report = export(
+                opened.network,
+                opened.record,
+                args.format,
+                args.out,
+                (args.height, args.width),
+                args.opset,
+                args.atol,
+                args.exporter,
+            )
     except (ExportError, ValueError, FileNotFoundError) as error:
         print(f"segattn.export: {error}", file=sys.stderr)
         return 1
     print(f"exported {report['format']} to {args.out} in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def working(what: str) -> contextlib.AbstractContextManager:
+    """A Rich spinner saying ``what`` while the block runs, on a terminal; nothing where stdout is a file."""
+    return Console().status(what) if sys.stdout.isatty() else contextlib.nullcontext()

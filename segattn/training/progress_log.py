@@ -1,6 +1,7 @@
 """Plain progress lines through Python logging, for runs watched through a log file (nohup, a scheduler):
 one line every ``trainer.log_every_n_steps`` steps and one per validation. Hydra's logging config sends
-them to stdout and to the run dir's ``train.log``; the Rich progress bar is for terminals only.
+them to the run dir's ``train.log`` and, unless a progress bar shows the steps (on a terminal), to stdout.
+The bar and the lines both count epochs from 1.
 
     epoch 2/20 step 120/480 loss 0.8123 lr 3.20e-04 55.1 img/s ETA 0:03:12
     epoch 2/20 step 128/480 val mIoU 31.20 mAcc 40.10 aAcc 80.00 mAP 35.40 (validation 2.1 s)
@@ -16,6 +17,9 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import RichProgressBar
+
+from ..runlog import to_files
 
 log = logging.getLogger("segattn.train")
 
@@ -49,7 +53,10 @@ class ProgressLog(pl.Callback):
         self.window_steps += 1
         self.window_images += len(batch["image"]) * trainer.world_size
         if trainer.is_global_zero and trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            log.info(self.step_line(trainer))
+            if trainer.progress_bar_callback is None:
+                log.info(self.step_line(trainer))
+            else:  # the bar shows the steps on the terminal: the line goes to the log files only
+                to_files(log, self.step_line(trainer))
             self.reset_window()
 
     def step_line(self, trainer: pl.Trainer) -> str:
@@ -86,5 +93,19 @@ class ProgressLog(pl.Callback):
     @staticmethod
     def position(trainer: pl.Trainer) -> str:
         """``epoch E/N step S`` with 1-based epochs."""
-        epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else "?"
-        return f"epoch {trainer.current_epoch + 1}/{epochs} step {trainer.global_step}"
+        return f"epoch {epoch_count(trainer)} step {trainer.global_step}"
+
+
+def epoch_count(trainer: pl.Trainer) -> str:
+    """``E/N``: the epoch being trained counted from 1, of ``trainer.max_epochs`` (``?`` when unlimited)."""
+    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else "?"
+    return f"{trainer.current_epoch + 1}/{epochs}"
+
+
+class EpochsFromOneBar(RichProgressBar):
+    """Lightning's Rich progress bar, its epochs counted from 1 as the log lines count them (``Epoch 1/20``
+    where Lightning shows ``Epoch 0/19``)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {epoch_count(self.trainer)}"
+        return f"{description:{len(self.validation_description)}}"  # as wide as "Validation": no flicker

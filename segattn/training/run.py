@@ -114,8 +114,10 @@ def check_compile_support() -> None:
 
 def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
     """``cfg.data`` as plain values with an absolute root: what eval.py reuses to score the checkpoint on
-    the same dataset, split names and evaluation size as validation did."""
+    the same dataset, split names and evaluation size as validation did. ``data.augment`` is left out:
+    evaluation does not augment, and a record refuses the ``_target_`` of its entries."""
     data = plain(cfg.data)
+    data.pop("augment", None)
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).resolve())
     return data

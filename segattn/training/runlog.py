@@ -84,3 +84,11 @@ def end_with(line: str) -> None:
                 handler.flush()
                 with open(handler.baseFilename, "a") as log_file:
                     log_file.write(handler.format(record) + "\n")
+
+
+def to_files(logger: logging.Logger, message: str) -> None:
+    """Log ``message`` at INFO through ``logger`` to the log files alone (held or open), not the console."""
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, HeldRecords | logging.FileHandler):
+            handler.handle(record)

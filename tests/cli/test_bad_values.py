@@ -70,6 +70,11 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         ["data.num_workers=-2", "data.hflip=2"],  # every bad key, in one line
         "data.num_workers=-2: expected an integer >= 0; data.hflip=2: expected a probability in [0, 1]",
     ),
+    (
+        "train.py",
+        ["data.augment=[{{_target_:albumentations.HorizontalFlip,pp:0.5}}]"],  # {{ }}: the case is formatted
+        "data.augment[0] HorizontalFlip: unexpected argument 'pp'; it takes p",
+    ),
     ("train.py", ["ckpt_path={text}"], f"ckpt_path={{text}}: {TEXT_CKPT}"),
     ("train.py", ["init_from={tmp}/nope.ckpt"], "init_from={tmp}/nope.ckpt: no such checkpoint file"),
     (

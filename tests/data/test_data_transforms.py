@@ -5,10 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from segattn.data import CatMaxRatioCrop, RandomResize, build_eval_transform, build_train_transform
 from segattn.data.transforms import IMAGENET_MEAN, IMAGENET_STD, WorkerSeeder, max_class_ratio, stream_seed
+from segattn.errors import ConfigError
+from segattn.record import check_plain_config
+from segattn.training.run import recorded_data_config
 
 LEVEL0, STEP = 30, 45  # pixel value of label k in the alignment test: 30 + 45 k
 
@@ -122,3 +127,63 @@ def test_workers_draw_different_augmentations_only_when_reseeded(seeder):
 def test_ranks_get_different_streams():
     assert stream_seed(1234, 0) != stream_seed(1234, 1)
     assert stream_seed(1234, 0) == stream_seed(1234, 0)
+
+
+TODAYS_AUGMENT_YAML = """
+- {_target_: albumentations.HorizontalFlip, p: 0.5}
+- _target_: albumentations.VerticalFlip
+  p: 0.5
+- {_target_: albumentations.Rotate, limit: 15, border_mode: 0, fill: 0, fill_mask: 255, p: 0.5}
+- {_target_: albumentations.ColorJitter, brightness: 0.125, contrast: 0.5, saturation: 0.5, hue: 0.1, p: 0.5}
+"""
+
+
+def test_augment_list_in_yaml_reproduces_the_default_pipeline_on_a_fixed_seed():
+    settings = {"ratio_range": (0.5, 2.0), "hflip": 0.5, "vflip": 0.5, "rotate": 15, "photometric": True}
+    default = build_train_transform((40, 56), **settings)
+    listed = build_train_transform((40, 56), **settings, augment=yaml.safe_load(TODAYS_AUGMENT_YAML))
+    for seed in range(8):
+        image, mask = _encoded_scene(seed)
+        default.set_random_seed(seed)
+        listed.set_random_seed(seed)
+        expected, got = default(image=image, mask=mask), listed(image=image, mask=mask)
+        np.testing.assert_array_equal(got["image"], expected["image"])
+        np.testing.assert_array_equal(got["mask"], expected["mask"])
+
+
+def test_augment_list_replaces_the_flips_and_colour():
+    transform = build_train_transform(
+        (48, 64), ratio_range=(1.0, 1.0), augment=[{"_target_": "albumentations.VerticalFlip", "p": 1.0}]
+    )
+    image, mask = _encoded_scene(0)
+    out = transform(image=image, mask=mask)
+    np.testing.assert_array_equal(out["mask"], mask[::-1])  # flipped every time; hflip=0.5 not applied
+    names = [type(step).__name__ for step in transform.transforms]
+    assert "HorizontalFlip" not in names and "ColorJitter" not in names
+
+
+@pytest.mark.parametrize(
+    ("augment", "message"),
+    [
+        ([{"_target_": "albumentations.HorizontalFlip"}, {"_target_": "Flipp"}],
+         "data.augment[1]: albumentations has no transform 'Flipp'"),
+        ([{"_target_": "albumentations.HorizontalFlip", "pp": 0.5}],
+         "data.augment[0] HorizontalFlip: unexpected argument 'pp'; it takes p"),
+        ([{"_target_": "albumentations.HorizontalFlip", "p": 2}],
+         "data.augment[0] HorizontalFlip: refused its arguments:"),
+        ([{"p": 0.5}], "data.augment[0]={'p': 0.5}: expected a mapping with the _target_"),
+        ("HorizontalFlip", "data.augment='HorizontalFlip': expected a list of"),
+    ],
+)  # fmt: skip
+def test_augment_refuses_an_unknown_transform_or_argument_in_one_line(augment, message):
+    with pytest.raises(ConfigError) as caught:
+        build_train_transform((40, 56), augment=augment)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_the_recorded_data_config_leaves_the_augment_list_out():
+    """A checkpoint's record refuses ``_target_`` keys, and evaluation does not augment."""
+    augment = [{"_target_": "albumentations.VerticalFlip", "p": 1.0}]
+    data = recorded_data_config(OmegaConf.create({"data": {"name": "synthetic", "augment": augment}}))
+    assert data == {"name": "synthetic"}
+    check_plain_config(data, "checkpoint")

@@ -51,6 +51,13 @@ def test_variant_that_cannot_export_fails_with_a_message_naming_it(registered, t
     assert not (tmp_path / "out" / "model.onnx").exists()
 
 
+def test_export_says_what_it_exports_before_it_starts(registered, tmp_path, capsys):
+    checkpoint = exported_dir("svd", tmp_path / "svd")
+    main([f"checkpoint={checkpoint}", f"out={tmp_path / 'out'}", "height=32", "width=32", "format=onnx"])
+    out = capsys.readouterr().out  # the export fails, after the line
+    assert f"exporting {checkpoint} as onnx to {tmp_path / 'out'} at 32x32, then checking it" in out
+
+
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
