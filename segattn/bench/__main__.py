@@ -6,6 +6,7 @@ Speed, memory and reach, one part at a time, each configured by Hydra like every
   model     one full training step per model, variant, image size and batch
   maxres    the largest square image that trains within a memory budget
   raster    streaming predict of a generated GeoTIFF: peak resident memory, windows per second
+  predict   a trained model's images/s, files to masks and the network alone, torch and ONNX side by side
   traffic   bytes a training step moves by component, counted on fake tensors on the CPU
 
 A key left null takes its value from the part's grid (grid=auto: cuda on a GPU, else cpu; grid=smoke:
@@ -36,7 +37,7 @@ from . import report
 from .specs import STEP_OPTIONS, Spec, parse_count, parse_image_size, spec_of
 
 PROG = "python -m segattn.bench"
-PARTS = ("op", "model", "maxres", "raster", "traffic")
+PARTS = ("op", "model", "maxres", "raster", "predict", "traffic")
 GROUPS = {"traffic": ("model", "attention", "loss")}  # train.py's config groups a part composes
 
 
@@ -238,6 +239,44 @@ def raster_settings(values: dict[str, Any], cfg: DictConfig, device: torch.devic
     return lambda out_dir: run(settings, out_dir)
 
 
+def predict_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
+    """The model opened on the device and every precision checked there, before the output folder exists:
+    torch rows need a torch model, ONNX rows on a GPU onnxruntime-gpu, fp16 a CUDA device."""
+    import onnxruntime
+
+    from ..inference.device import onnx_providers, resolved_precision
+    from ..inference.trained import open_model
+    from .predict import PredictSettings, run
+
+    formats, where = values["formats"], str(device)
+    try:
+        model = values["checkpoint"] and open_model(values["checkpoint"], values["threads"], where)
+        if "onnx" in formats:
+            onnx_providers(where, onnxruntime.get_available_providers())
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        for precision in values["precisions"] if "torch" in formats else ():
+            resolved_precision(precision, where, False, bf16)
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(str(error)) from None
+    if model and model.session is not None and "torch" in formats:
+        raise ConfigError(
+            f"formats={formats}: checkpoint={values['checkpoint']} is an ONNX model, which has no torch "
+            "rows; use formats=[onnx], or the checkpoint or safetensors export it came from"
+        )
+    settings = PredictSettings(
+        model=model or None,
+        formats=formats,
+        image_sizes=[parse_image_size(size) for size in values["image_sizes"]],
+        batch=values["batch"],
+        num_workers=values["num_workers"],
+        precisions=values["precisions"],
+        images=values["images"],
+        repeats=values["repeats"],
+        threads=values["threads"],
+    )
+    return lambda out_dir: run(settings, device, out_dir)
+
+
 def traffic_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
     """train.py's module for the model, attention and loss groups, built before the output folder exists
     (options it refuses are a ConfigError)."""
@@ -260,6 +299,7 @@ SETTINGS: dict[str, Callable[[dict[str, Any], DictConfig, torch.device], Run]] =
     "model": model_settings,
     "maxres": maxres_settings,
     "raster": raster_settings,
+    "predict": predict_settings,
     "traffic": traffic_settings,
 }
 

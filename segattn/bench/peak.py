@@ -23,6 +23,12 @@ def peak_bytes() -> int:
     raise RuntimeError("/proc/self/status has no VmHWM line (not Linux?)")
 
 
+def reset_peak_bytes() -> None:
+    """Start this process's resident high-water mark again from its present resident set (Linux
+    ``/proc/self/clear_refs``), so that ``peak_bytes`` measures what follows."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def main() -> None:
     report, module, *args = sys.argv[1:]
     sys.argv = [module, *args]

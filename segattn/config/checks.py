@@ -288,6 +288,26 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             "baseline": unset_or("true or false", lambda v: isinstance(v, bool)),
         }
     ),
+    "bench/predict": Schema(
+        {
+            **BENCH,
+            "checkpoint": (
+                "a path (.ckpt, safetensors folder, model.onnx) or null",
+                lambda v: v is None or isinstance(v, str),
+            ),
+            "formats": ("a list of torch, onnx", list_of(lambda v: v in ("torch", "onnx"))),
+            "image_sizes": unset_or(
+                "a list of sides or WIDTHxHEIGHT (1296x966)", list_of(matches(IMAGE_SIZE))
+            ),
+            "precisions": unset_or(
+                f"a list of {', '.join(BENCH_DTYPES)}", list_of(lambda v: v in BENCH_DTYPES)
+            ),
+            "batch": unset_or("a list of integers >= 1", list_of(int_at_least(1))),
+            "num_workers": unset_or("a list of integers >= 0", list_of(int_at_least(0))),
+            "images": unset_or("an integer >= 1", int_at_least(1)),
+            "repeats": ("an integer >= 5", int_at_least(5)),
+        }
+    ),
     "bench/traffic": Schema(
         {
             **{key: ("an integer >= 1", int_at_least(1)) for key in ("size", "batch", "num_classes")},
@@ -327,7 +347,7 @@ BUILDS_A_MODEL = (
     "eval",
     "predict",
     "export",
-    *(f"bench/{part}" for part in ("op", "model", "maxres", "raster", "traffic")),
+    *(f"bench/{part}" for part in ("op", "model", "maxres", "raster", "predict", "traffic")),
 )
 ABSENT = object()
 

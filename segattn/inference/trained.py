@@ -129,18 +129,18 @@ class TrainedModel:
         return self.run_torch(images, settings).cpu().numpy()
 
     def run_torch(
-        self, images: np.ndarray, settings: dict[str, Any], size: tuple[int, int] | None = None
+        self, images: np.ndarray | Tensor, settings: dict[str, Any], size: tuple[int, int] | None = None
     ) -> Tensor:
-        """``run``'s torch path: fp32 logits on the model's device, under autocast in ``settings``'
-        precision, resized bilinearly (half-pixel centres, as validation scores a shrunk model) to
-        ``size``."""
+        """``run``'s torch path: fp32 logits on the model's device of a numpy batch (or a tensor), under
+        autocast in ``settings``' precision, resized bilinearly (half-pixel centres, as validation scores a
+        shrunk model) to ``size``."""
         import torch
         import torch.nn.functional as F
 
         from .infer import infer
 
         with torch.inference_mode(), self.autocast(settings):
-            tensor = torch.from_numpy(images).to(self.device)
+            tensor = torch.as_tensor(images, device=self.device)
             logits = infer(self.network, tensor, self.record.num_classes, **image_settings(settings)).float()
             if size is not None and tuple(logits.shape[-2:]) != size:
                 logits = F.interpolate(logits, size, mode="bilinear", align_corners=False)

@@ -44,7 +44,7 @@ def test_a_bad_bench_key_is_one_line_before_any_output(argv, expected, tmp_path,
     ("argv", "expected"),
     [
         (["op", "kernels=[triton]"], "op: kernels='triton': the Triton kernels need a CUDA device"),
-        (["nosuch"], ": 'nosuch' is not a part; expected one of op, model, maxres, raster, traffic"),
+        (["nosuch"], ": 'nosuch' is not a part; expected one of op, model, maxres, raster, predict, traffic"),
     ],
 )
 def test_triton_without_cuda_and_an_unknown_part_are_refused_up_front(

@@ -63,6 +63,13 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     (tmp_path / "maxres").mkdir()
     (tmp_path / "maxres" / "maxres.csv").write_text("model,variant,maxres,limited_by\npvt,linear,5120,oom\n")
+    (tmp_path / "predict").mkdir()
+    (tmp_path / "predict" / "predict.csv").write_text(
+        "format,size,batch,num_workers,precision,scope,images_per_s,status,note\n"
+        "torch,4288x2848,1,4,bf16,files,2.5,ok,\n"
+        "torch,4288x2848,4,4,bf16,files,4.0,ok,\n"
+        "torch,4288x2848,4,,bf16,network,,failed,CUDA out of memory\n"
+    )
     (tmp_path / "steps.txt").write_text(
         "kernel_tests: exit 0 after 30 s (limit 45 s)\nop: exit 124 after 40 s (limit 40 s)\n"
     )
@@ -81,7 +88,13 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², limited by oom)"
     assert lines[4] == "CUDA tests kernel_tests: passed"
     assert lines[5] == "CUDA tests op_tests: not passed (not run)"
-    assert lines[-1].startswith("predict throughput (issue 40") and "not measured" in lines[-1]
+    assert lines[-2] == (
+        "predict pvt-b0 bf16, JPEG files to PNG masks >= 10 images/s (issue 40): not met (4.0 images/s at "
+        "4288x2848, batch 4, 4 workers)"
+    )
+    assert lines[-1] == (
+        "predict pvt-b0 bf16, the network alone >= 30 images/s (issue 40): failed: CUDA out of memory"
+    )
 
 
 @pytest.mark.slow
