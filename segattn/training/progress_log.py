@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
 
-from ..runlog import to_files
+from .runlog import to_files
 
 log = logging.getLogger("segattn.train")
 
