@@ -281,7 +281,7 @@ COMMANDS = {  # each command's required keys, filled
     "predict": ["checkpoint=x.ckpt", "input=x.png", "out=masks"],
     "export": ["checkpoint=x.ckpt", "format=onnx", "out=exported"],
     "doctor": [],
-    **{f"bench/{part}": [] for part in ("op", "model", "maxres", "raster", "traffic")},
+    **{f"bench/{part}": [] for part in ("op", "model", "maxres", "raster", "traffic", "predict")},
 }
 WRONG_TYPE = {bool: "no", int: "abc", float: "abc", str: ["a", "b"]}
 
