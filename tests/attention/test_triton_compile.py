@@ -72,11 +72,12 @@ def compile_all() -> list[str]:
             build(K.apply_kernel, {**bf16.constants(), **flags, "HAS_ADDEND": normalized}, 4, inputs)
         )
         lines.append(build(K.query_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
-    polarity = Blocks(64, 16, 64, 4, "tf32")  # pola's bf16 heads of 32: 64 features, half of v per call
+    polarity = Blocks(64, 16, 32, 8, "tf32")  # pola's bf16 heads of 32: 64 features, half of v per call
     flags = {"KIND": K.POLARITY, "NORMALIZED": True, "HAS_BIAS": False}
-    lines.append(build(K.context_kernel, {**polarity.constants(), "KIND": K.POLARITY}, 4, inputs))
-    lines.append(build(K.apply_kernel, {**polarity.constants(), **flags, "HAS_ADDEND": False}, 4, inputs))
-    lines.append(build(K.query_backward_kernel, {**polarity.constants(), **flags}, 4, inputs))
+    warps = polarity.num_warps
+    lines.append(build(K.context_kernel, {**polarity.constants(), "KIND": K.POLARITY}, warps, inputs))
+    lines.append(build(K.apply_kernel, {**polarity.constants(), **flags, "HAS_ADDEND": False}, warps, inputs))
+    lines.append(build(K.query_backward_kernel, {**polarity.constants(), **flags}, warps, inputs))
     wide = {"KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True}
     lines.append(build(K.query_backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
     lines.append(build(K.key_softmax_stats_kernel, {"D": 32, "BLOCK_N": 64}, 4, inputs))
@@ -84,6 +85,61 @@ def compile_all() -> list[str]:
     for fn in (K.focus_stats_kernel, K.focus_backward_kernel):
         lines.append(build(fn, {"CP": width, "BLOCK_N": block}, warps, inputs))
     return lines
+
+
+def spills() -> list[str]:
+    """Registers and spill stores a thread of each attention kernel uses on sm_90 at the blocks the launcher
+    plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32: ptxas's own report (``-v``) of the
+    PTX Triton generates. One line per kernel: "name head dtype registers spills"."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from segattn.attention.triton import kernels as K
+    from segattn.attention.triton.launch import Tuning, planned_blocks
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
+    cases = {
+        K.query_backward_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False},
+        K.keys_backward_kernel: {"KIND": K.ELU, "HAS_BIAS": False},
+        K.apply_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False, "HAS_ADDEND": False},
+        K.context_kernel: {"KIND": K.ELU},
+    }
+    lines = []
+    for head, dtype in ((32, "bf16"), (64, "bf16"), (64, "fp32")):
+        blocks = planned_blocks(head, head, dtype == "bf16", Tuning())
+        for fn, flags in cases.items():
+            constants = {**blocks.constants(), **flags}
+            halves = half if dtype == "bf16" else ()
+            signature = {name: arg_type(name, constants, halves) for name in fn.arg_names}
+            kernel = triton.compile(
+                ASTSource(fn, signature, constexprs=constants),
+                target=GPUTarget("cuda", SM90, 32),
+                options={"num_warps": blocks.num_warps},
+            )
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+                ptx.write(kernel.asm["ptx"])
+                ptx.flush()
+                report = subprocess.run(
+                    [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
+                    capture_output=True, text=True, check=True,
+                ).stderr  # fmt: skip
+            registers = re.search(r"Used (\d+) registers", report).group(1)
+            spilled = re.search(r"(\d+) bytes spill stores", report).group(1)
+            lines.append(f"{fn.__name__} {head} {dtype} {registers} {spilled}")
+    return lines
+
+
+def test_no_kernel_spills_registers_at_the_planned_blocks() -> None:
+    """Heads of 64 at 64 tokens a block and 4 warps spilled 648 bytes a thread in the query backward kernel
+    (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64."""
+    rows = [line.split() for line in run_child("spills").stdout.splitlines()]
+    assert len(rows) == 12, rows
+    assert [row for row in rows if row[4] != "0"] == []
 
 
 def variants_over_token_counts() -> list[str]:
@@ -153,4 +209,5 @@ def test_a_new_token_count_reuses_the_compiled_kernels() -> None:
 
 
 if __name__ == "__main__":
-    print("\n".join(variants_over_token_counts() if sys.argv[1:] == ["variants"] else compile_all()))
+    modes = {"variants": variants_over_token_counts, "spills": spills}
+    print("\n".join(modes.get(sys.argv[1] if sys.argv[1:] else "", compile_all)()))

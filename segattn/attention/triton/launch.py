@@ -112,9 +112,12 @@ class Blocks:
 def planned_blocks(d: int, dv: int, tf32: bool, tuning: Tuning) -> Blocks:
     """``Blocks.of``, planned once per head dims, precision and tuning (every call of a layer asks again)."""
     D, DV = padded(d), padded(dv)
-    wide = max(D, DV) > 64
-    block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else 16 if wide else 64
-    warps = 8 if wide else 4
+    width = max(D, DV)
+    # the largest blocks whose kernels compile for sm_90 without spilling registers, heads of 64 included
+    # (tests/attention/test_triton_compile.py: ptxas's report)
+    block = 16 if width > 64 else 32 if width == 64 else 64
+    block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else block
+    warps = 8 if width >= 64 else 4
     block, warps = tuning.block_n or block, tuning.num_warps or warps
     return Blocks(D, DV, block, warps, "tf32" if tf32 else "ieee")
 
