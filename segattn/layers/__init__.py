@@ -3,7 +3,7 @@ of a learned per-position embedding between grids), the channels-last depthwise 
 between plain formulas, PyTorch Functions and Triton kernels (``fast_path``, which reads SEGATTN_FUSED and
 SEGATTN_KERNEL)."""
 
-from .depthwise import depthwise_conv
+from .depthwise import depthwise_conv, depthwise_conv_gelu
 from .fast_path import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, kernel_backend
 from .grid import HW, from_grid, interpolation_matrix, resample_grid, resample_grid_embedding, to_grid
 
@@ -16,6 +16,7 @@ __all__ = [
     "TRITON",
     "choose_path",
     "depthwise_conv",
+    "depthwise_conv_gelu",
     "from_grid",
     "interpolation_matrix",
     "kernel_backend",

@@ -1,13 +1,16 @@
 """Depthwise stride-1 'same' convolution on channels-last grids, with a fast CPU backward for kernels over
-3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it."""
+3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it. Mix-FFN's conv + GELU also has a
+Triton operator (``depthwise_conv_gelu``, ``depthwise_triton``)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .fast_path import FUNCTION, choose_path
+from .fast_path import FUNCTION, TRITON, choose_path
+from .grid import HW, from_grid, to_grid
 
 
 def dense_channels_last(images: Tensor) -> Tensor:
@@ -36,6 +39,18 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = 
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups
     )
+
+
+def depthwise_conv_gelu(tokens: Tensor, hw: HW, conv: torch.nn.Conv2d, backend: str | None = None) -> Tensor:
+    """Exact GELU of the 3×3 depthwise ``conv`` of [B, N, C] ``tokens`` on their ``hw`` grid, as [B, N, C]
+    tokens: Mix-FFN's middle. Where ``choose_path`` gives TRITON, one operator that reads the tokens in place
+    and keeps only them for backward (``depthwise_triton``); else ``depthwise_conv`` then GELU."""
+    path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True)  # the halos
+    if path == TRITON and conv.kernel_size == (3, 3) and conv.bias is not None:  # any C: channels are tiled
+        from . import depthwise_triton  # noqa: F401  (imports triton; registers segattn::depthwise_conv_gelu)
+
+        return torch.ops.segattn.depthwise_conv_gelu(tokens, conv.weight, conv.bias, *hw)
+    return F.gelu(from_grid(depthwise_conv(to_grid(tokens, hw), conv, backend)))
 
 
 class DepthwiseConv(torch.autograd.Function):

@@ -1,6 +1,7 @@
 """The one choice of path, per call, for every core with a fast path (``choose_path``): its plain autograd
 formula (PLAIN, the reference), a PyTorch autograd Function with a hand-written backward (FUNCTION:
-``attention.fused``, ``layers.depthwise``) or the Triton kernels (TRITON: ``attention.triton``), with the
+``attention.fused``, ``layers.depthwise``) or the Triton kernels (TRITON: ``attention.triton``,
+``layers.depthwise_triton``), with the
 settings, tracing, export, device and dtype rules in this module alone. Same values within float rounding.
 
 The settings are read when a module is built (``kernel_backend``), so it keeps its path; a functional call
@@ -96,8 +97,9 @@ def choose_path(
     """The path of one call on ``x`` (q, or any input: its device and dtype decide) under ``backend`` (the
     module's ``kernel_backend``; None: the environment now): TRITON, FUNCTION or PLAIN.
 
-    The caller says which forms its core has: ``triton_head_dim`` (heads that wide; None: no Triton form;
-    ``widening``: features per head channel, pola's 2), ``function`` (a PyTorch Function), ``whole_image``
+    The caller says which forms its core has: ``triton_head_dim`` (heads that wide, 1 for a per-channel
+    core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel, pola's
+    2), ``function`` (a PyTorch Function), ``whole_image``
     (a sum or max over all tokens that the fast forms cannot split: PLAIN on a band of a split image,
     ``segattn.parallel``; the others sum their token summaries over the bands).
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase, attention_options, build_attention
-from segattn.layers import HW, depthwise_conv, from_grid, to_grid
+from segattn.layers import HW, depthwise_conv_gelu, kernel_backend
 from segattn.parallel import recompute_contexts
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
@@ -51,19 +51,19 @@ class MixFFN(nn.Module):
     """SegFormer/PVTv2 Mix-FFN: fc1 → 3×3 depthwise conv on the token grid → GELU → fc2.
 
     The depthwise conv gives position information at any resolution. Names match timm's
-    ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged.
+    ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged. Conv and GELU are one Triton operator
+    where ``layers.choose_path`` says so (``kernel_backend``: the settings when it was built).
     """
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim)
-        self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden_dim, dim)
+        self.kernel_backend = kernel_backend()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        x = from_grid(depthwise_conv(to_grid(self.fc1(x), hw), self.dwconv))  # [B, N, hidden], no copy
-        return self.fc2(self.act(x))
+        return self.fc2(depthwise_conv_gelu(self.fc1(x), hw, self.dwconv, self.kernel_backend))
 
 
 @contextmanager
