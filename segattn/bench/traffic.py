@@ -8,7 +8,9 @@ or by a view takes the component of the node that consumed its output). Ops of a
 backward (``model.grad_checkpointing``) count as backward. The step is the LightningModule's own
 (``SegmentationModule.head_losses``: the configured loss, chunked or not, auxiliary head included), with
 ``bf16-mixed`` as autocast on the CPU (the CPU's autocast op list, which casts the same matmuls and
-convolutions as CUDA's). The PyTorch paths of the attention run, not the Triton kernels, which need a GPU.
+convolutions as CUDA's). ``paths="gpu"`` takes the paths a CUDA device would (``fast_path.paths_of_a_gpu``):
+each Triton operator is one op, charged its inputs and outputs, as its kernels read and write them;
+``paths="cpu"`` the PyTorch paths this CPU runs.
 """
 
 from __future__ import annotations
@@ -181,17 +183,27 @@ def module_hooks(paths: ModulePaths) -> Iterator[None]:
 
 
 def step_traffic(
-    module: nn.Module, batch: int, height: int, width: int, precision: str = "bf16-mixed"
+    module: nn.Module,
+    batch: int,
+    height: int,
+    width: int,
+    precision: str = "bf16-mixed",
+    device_paths: str = "gpu",
 ) -> StepTraffic:
     """The bytes one training step of ``module`` (a SegmentationModule) moves on a batch of ``batch``
     images of ``height`` × ``width``: the loss of ``head_losses`` (plus the auxiliary head's, weighted) and
-    its backward. ``precision``: ``bf16-mixed`` (autocast) or ``32-true``."""
+    its backward. ``precision``: ``bf16-mixed`` (autocast) or ``32-true``; ``device_paths``: ``gpu`` (the
+    Triton operators where a CUDA device takes them) or ``cpu``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..layers.fast_path import paths_of_a_gpu
 
     if precision not in ("bf16-mixed", "32-true"):
         raise ValueError(f"precision={precision!r}: expected bf16-mixed or 32-true")
     paths = ModulePaths(module)
     with ExitStack() as stack:
+        if device_paths == "gpu":
+            stack.enter_context(paths_of_a_gpu())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         images = torch.empty(batch, 3, height, width)
         masks = torch.zeros(batch, height, width, dtype=torch.long)
@@ -215,9 +227,9 @@ def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[s
     from .report import print_table, write_csv
 
     size, batch, precision = values["size"], values["batch"], values["precision"]
-    traffic = step_traffic(module, batch, size, size, precision)
+    traffic = step_traffic(module, batch, size, size, precision, values["paths"])
     setting = {"model": values["model"]["name"], "attention": values["attention"]["name"], "size": size}
-    setting |= {"batch": batch, "precision": precision}
+    setting |= {"batch": batch, "precision": precision, "paths": values["paths"]}
     setting |= {"grad_checkpointing": values["model"].get("grad_checkpointing", False)}
     setting |= {"chunk_rows": values["loss"].get("chunk_rows")}
     rows = [setting | row for row in traffic.rows(values["bandwidth"])]
@@ -241,7 +253,7 @@ def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[s
     ]
     caption = (
         f"one training step of {setting['model']} with {setting['attention']} at {batch}×{size}², "
-        f"{precision}, counted op by op on fake tensors on the CPU; the attention core on its PyTorch path"
+        f"{precision}, {values['paths']} paths, counted op by op on fake tensors on the CPU"
     )
     print_table("traffic", columns, body, caption)
     return rows

@@ -312,6 +312,7 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
         {
             **{key: ("an integer >= 1", int_at_least(1)) for key in ("size", "batch", "num_classes")},
             "precision": ("one of bf16-mixed, 32-true", lambda v: v in ("bf16-mixed", "32-true")),
+            "paths": ("gpu or cpu", lambda v: v in ("gpu", "cpu")),
             "bandwidth": ("a number > 0 (bytes/s)", positive_number),
         }
     ),

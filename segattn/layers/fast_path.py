@@ -12,9 +12,12 @@ tensors the Triton kernels when triton is installed, ``torch`` never, ``triton``
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -27,6 +30,19 @@ KERNEL_BACKENDS = ("auto", "torch", "triton")
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GPU_PATHS = contextvars.ContextVar("GPU_PATHS", default=False)  # set by ``paths_of_a_gpu``
+
+
+@contextmanager
+def paths_of_a_gpu() -> Iterator[None]:
+    """Choose, for CPU tensors, the paths CUDA tensors would take (the Triton operators where "auto" gives
+    them), for fake tensors only: ``bench traffic`` counts a GPU's step on a CPU, where nothing runs and each
+    operator is one op of its fake implementation."""
+    token = GPU_PATHS.set(True)
+    try:
+        yield
+    finally:
+        GPU_PATHS.reset(token)
 
 
 def fused_enabled() -> bool:
@@ -128,15 +144,16 @@ def takes_triton(backend: str, x: Tensor, head_dim: int, widening: int) -> bool:
     if torch.compiler.is_compiling() and tokens_split():
         return False
     width = head_dim * widening
+    on_gpu = x.is_cuda or GPU_PATHS.get()
     if backend == "auto":
-        return x.is_cuda and triton_installed() and width <= MAX_HEAD_DIM
+        return on_gpu and triton_installed() and width <= MAX_HEAD_DIM
     if width > MAX_HEAD_DIM:
         features = f" ({width} features)" if widening > 1 else ""
         raise ValueError(
             f"{KERNEL_ENV}=triton: head dim {head_dim}{features} is above the Triton kernels' "
             f"{MAX_HEAD_DIM}; use narrower heads or {KERNEL_ENV}=torch"
         )
-    if not x.is_cuda and not interpreted():
+    if not on_gpu and not interpreted():
         raise RuntimeError(
             f"{KERNEL_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 set when the process "
             f"starts (or a CUDA device); unset {KERNEL_ENV} for the PyTorch path"

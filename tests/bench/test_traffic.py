@@ -86,6 +86,25 @@ def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_back
     assert torch.get_default_dtype() == torch.float32  # nothing leaked out of the fake-tensor mode
 
 
+def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_after():
+    """``paths=gpu``: the attention core is the ``segattn`` operators' inputs and outputs, fewer bytes than
+    the PyTorch path's ops; nothing runs, and real CPU tensors take the PyTorch path afterwards."""
+    from segattn.layers.fast_path import TRITON, choose_path
+
+    cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
+    module = build_module(cfg, SegDataModule(**plain(cfg.data)))
+    on_gpu = step_traffic(module, 1, 64, 64, device_paths="gpu")
+    on_cpu = step_traffic(module, 1, 64, 64, device_paths="cpu")
+    operators = {op for op, _ in on_gpu.by_op if op.startswith("segattn.")}
+    assert {"segattn.kernel_attention", "segattn.kernel_attention_query_backward"} <= operators
+    assert not any(op.startswith("segattn.") for op, _ in on_cpu.by_op)
+    gpu_core, cpu_core = (
+        step.bytes[(ATTENTION, "forward")] + step.bytes[(ATTENTION, "backward")] for step in (on_gpu, on_cpu)
+    )
+    assert 0 < gpu_core < cpu_core
+    assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
+
+
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision='fp8': expected bf16-mixed or 32-true"):
         step_traffic(OneConvStep(), 1, 4, 4, precision="fp8")

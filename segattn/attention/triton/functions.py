@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
@@ -40,9 +41,10 @@ __all__ = [
 
 
 def run(name: str, *inputs) -> tuple[Tensor, ...]:
-    """Forward operator ``name`` on ``inputs``: the registered operator under ``torch.compile``, else its
-    function (``ops.<name>``) through ``Direct``."""
-    if torch.compiler.is_compiling():
+    """Forward operator ``name`` on ``inputs``: the registered operator under ``torch.compile`` and on fake
+    tensors (its fake implementation: ``bench traffic``), else its function (``ops.<name>``) through
+    ``Direct``."""
+    if torch.compiler.is_compiling() or is_fake(inputs[0]):
         return getattr(torch.ops.segattn, name).default(*inputs)
     return Direct.apply(name, *inputs)
 
