@@ -27,6 +27,7 @@ from torch.library import custom_op, register_autograd, register_fake
 
 INTERPRETER_SPLITS = 4  # the backward's programs per block of channels under the interpreter
 SPLITS_PER_SM = 4
+NUM_WARPS = 4
 TAPS, TAP_ROWS = 9, 16  # the backward's partials: rows 0-8 ∂w per tap, row 9 ∂b, padded to a power of two
 SQRT_HALF, INV_SQRT_2PI = tl.constexpr(0.7071067811865476), tl.constexpr(0.3989422804014327)
 
@@ -114,10 +115,10 @@ def conv_gelu_backward_kernel(
     tl.store(part_ptr + part_offsets, partials, mask=(taps < 10)[:, None] & ok[None, :])
 
 
-def blocks(x: Tensor) -> tuple[int, int]:
-    """(pixels, channels) per program: 64 channels (128 bytes of bf16) where C allows; under the interpreter,
-    which runs programs one by one at a fixed cost per operation, fewer and larger blocks of pixels."""
-    return 16 if x.is_cuda else 64, max(16, min(64, triton.next_power_of_2(x.shape[-1])))
+def blocks(channels: int, compiled: bool) -> tuple[int, int]:
+    """(pixels, channels) per program: 64 channels (128 bytes of bf16) where C allows; under the interpreter
+    (not ``compiled``), which runs programs one by one at a fixed cost per operation, more pixels."""
+    return 16 if compiled else 64, max(16, min(64, triton.next_power_of_2(channels)))
 
 
 def backward_splits(x: Tensor, num_blocks: int, channel_blocks: int) -> int:
@@ -134,12 +135,12 @@ def depthwise_conv_gelu(x: Tensor, weight: Tensor, bias: Tensor, height: int, wi
     major), ``weight`` [C, 1, 3, 3], ``bias`` [C]: contiguous [B, N, C] in x's dtype, fp32 inside."""
     batch, _, channels = x.shape
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_p, block_c = blocks(x)
+    block_p, block_c = blocks(channels, x.is_cuda)
     pixel_blocks = triton.cdiv(height * width, block_p)
     grid = (batch * pixel_blocks, triton.cdiv(channels, block_c))
     conv_gelu_kernel[grid](
         x, weight.contiguous(), bias.contiguous(), out, *x.stride(), channels, height, width, pixel_blocks,
-        BLOCK_P=block_p, BLOCK_C=block_c,
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
 
@@ -157,7 +158,7 @@ def depthwise_conv_gelu_backward(
     recomputed."""
     batch, _, channels = x.shape
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_p, block_c = blocks(x)
+    block_p, block_c = blocks(channels, x.is_cuda)
     pixel_blocks = triton.cdiv(height * width, block_p)
     channel_blocks = triton.cdiv(channels, block_c)
     splits = backward_splits(x, batch * pixel_blocks, channel_blocks)
@@ -165,6 +166,7 @@ def depthwise_conv_gelu_backward(
     conv_gelu_backward_kernel[(splits, channel_blocks)](
         x, grad, weight.contiguous(), bias.contiguous(), grad_x, partials, *x.stride(), *grad.stride(),
         channels, height, width, pixel_blocks, batch * pixel_blocks, BLOCK_P=block_p, BLOCK_C=block_c,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
     sums = partials[:, : TAPS + 1].sum(dim=0)  # copies: an operator's results may not share storage
     grad_weight = sums[:TAPS].t().reshape(weight.shape).to(weight.dtype)

@@ -89,8 +89,10 @@ def compile_all() -> list[str]:
 
 def spills() -> list[str]:
     """Registers and spill stores a thread of each attention kernel uses on sm_90 at the blocks the launcher
-    plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32: ptxas's own report (``-v``) of the
-    PTX Triton generates. One line per kernel: "name head dtype registers spills"."""
+    plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32, and of Mix-FFN's conv + GELU
+    kernels (``layers.depthwise_triton``) at their blocks for 256 channels (pvt-b0's stage 1) in bf16 and
+    fp32: ptxas's own report (``-v``) of the PTX Triton generates. One line per kernel: "name head dtype
+    registers spills" (head: the channels for Mix-FFN's)."""
     import re
     import tempfile
 
@@ -100,9 +102,30 @@ def spills() -> list[str]:
 
     from segattn.attention.triton import kernels as K
     from segattn.attention.triton.launch import Tuning, planned_blocks
+    from segattn.layers import depthwise_triton
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
+
+    def report(fn, constants: dict, num_warps: int, halves: tuple[str, ...]) -> str:
+        """ "registers spills" of ``fn`` compiled with ``constants``."""
+        signature = {name: arg_type(name, constants, halves) for name in fn.arg_names}
+        kernel = triton.compile(
+            ASTSource(fn, signature, constexprs=constants),
+            target=GPUTarget("cuda", SM90, 32),
+            options={"num_warps": num_warps},
+        )
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+            ptx.write(kernel.asm["ptx"])
+            ptx.flush()
+            report = subprocess.run(
+                [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
+                capture_output=True, text=True, check=True,
+            ).stderr  # fmt: skip
+        registers = re.search(r"Used (\d+) registers", report).group(1)
+        spilled = re.search(r"(\d+) bytes spill stores", report).group(1)
+        return f"{registers} {spilled}"
+
     cases = {
         K.query_backward_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False},
         K.keys_backward_kernel: {"KIND": K.ELU, "HAS_BIAS": False},
@@ -113,32 +136,25 @@ def spills() -> list[str]:
     for head, dtype in ((32, "bf16"), (64, "bf16"), (64, "fp32")):
         blocks = planned_blocks(head, head, dtype == "bf16", Tuning())
         for fn, flags in cases.items():
-            constants = {**blocks.constants(), **flags}
             halves = half if dtype == "bf16" else ()
-            signature = {name: arg_type(name, constants, halves) for name in fn.arg_names}
-            kernel = triton.compile(
-                ASTSource(fn, signature, constexprs=constants),
-                target=GPUTarget("cuda", SM90, 32),
-                options={"num_warps": blocks.num_warps},
-            )
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-                ptx.write(kernel.asm["ptx"])
-                ptx.flush()
-                report = subprocess.run(
-                    [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
-                    capture_output=True, text=True, check=True,
-                ).stderr  # fmt: skip
-            registers = re.search(r"Used (\d+) registers", report).group(1)
-            spilled = re.search(r"(\d+) bytes spill stores", report).group(1)
-            lines.append(f"{fn.__name__} {head} {dtype} {registers} {spilled}")
+            usage = report(fn, {**blocks.constants(), **flags}, blocks.num_warps, halves)
+            lines.append(f"{fn.__name__} {head} {dtype} {usage}")
+    block_p, block_c = depthwise_triton.blocks(256, compiled=True)
+    for dtype in ("bf16", "fp32"):
+        halves = ("x_ptr", "g_ptr", "out_ptr", "dx_ptr") if dtype == "bf16" else ()
+        for fn in (depthwise_triton.conv_gelu_kernel, depthwise_triton.conv_gelu_backward_kernel):
+            usage = report(fn, {"BLOCK_P": block_p, "BLOCK_C": block_c}, depthwise_triton.NUM_WARPS, halves)
+            lines.append(f"{fn.__name__} 256 {dtype} {usage}")
     return lines
 
 
 def test_no_kernel_spills_registers_at_the_planned_blocks() -> None:
     """Heads of 64 at 64 tokens a block and 4 warps spilled 648 bytes a thread in the query backward kernel
-    (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64."""
+    (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64. Mix-FFN's
+    kernels spilled with their nine taps unrolled (32 pixels × 64 channels: 254 registers and 32 bytes of
+    spills in the forward, 18 KiB in the backward)."""
     rows = [line.split() for line in run_child("spills").stdout.splitlines()]
-    assert len(rows) == 12, rows
+    assert len(rows) == 16, rows
     assert [row for row in rows if row[4] != "0"] == []
 
 
