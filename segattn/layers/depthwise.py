@@ -49,7 +49,7 @@ def depthwise_conv_gelu(tokens: Tensor, hw: HW, conv: torch.nn.Conv2d, backend: 
     if path == TRITON and conv.kernel_size == (3, 3) and conv.bias is not None:  # any C: channels are tiled
         from . import depthwise_triton  # noqa: F401  (imports triton; registers segattn::depthwise_conv_gelu)
 
-        return torch.ops.segattn.depthwise_conv_gelu(tokens, conv.weight, conv.bias, *hw)
+        return torch.ops.segattn.depthwise_conv_gelu.default(tokens, conv.weight, conv.bias, *hw)
     return F.gelu(from_grid(depthwise_conv(to_grid(tokens, hw), conv, backend)))
 
 

@@ -191,7 +191,7 @@ def save_inputs(ctx, inputs: tuple, output: Tensor) -> None:
 
 def backward(ctx, grad: Tensor) -> tuple:
     x, weight, bias = ctx.saved_tensors
-    return *torch.ops.segattn.depthwise_conv_gelu_backward(grad, x, weight, bias, *ctx.hw), None, None
+    return *torch.ops.segattn.depthwise_conv_gelu_backward.default(grad, x, weight, bias, *ctx.hw), None, None
 
 
 register_autograd("segattn::depthwise_conv_gelu", backward, setup_context=save_inputs)

@@ -1,6 +1,7 @@
 """Mix-FFN's depthwise 3×3 conv + GELU as one Triton operator (``segattn::depthwise_conv_gelu``): outputs and
 the gradients of input, weight and bias against conv2d(groups=C) + exact GELU in float64, ``opcheck`` on
-both operators, and ``MixFFN`` taking it under SEGATTN_KERNEL=triton with its parameters unchanged.
+both operators, and ``MixFFN`` taking it under SEGATTN_KERNEL=triton with its parameters unchanged, in eager
+mode and compiled, but not when exported.
 
 On the CPU through Triton's interpreter (conftest.py); with a CUDA device, compiled. Sizes are tiny and odd
 (the interpreter runs programs one by one)."""
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 if importlib.util.find_spec("triton") is None:
@@ -113,3 +115,39 @@ def test_mix_ffn_takes_the_operator_under_triton_with_its_parameters_unchanged(
     torch.testing.assert_close(out, expected)
     for got, want in zip(fused.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_compiled_mix_ffn_keeps_the_operator_in_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile`` (AOT autograd) of a MixFFN built under SEGATTN_KERNEL=triton: one graph holding the
+    operator, with eager mode's outputs and gradients."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    module = MixFFN(8, 16).to(DEVICE)
+    x = torch.randn(2, HEIGHT * WIDTH, 8, device=DEVICE, requires_grad=True)
+    out = module(x, (HEIGHT, WIDTH))
+    grads = torch.autograd.grad(out.sum(), [x, *module.parameters()])
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled_out = torch.compile(module, backend=counter)(x, (HEIGHT, WIDTH))
+    compiled_grads = torch.autograd.grad(compiled_out.sum(), [x, *module.parameters()])
+    assert counter.frame_count == 1
+    targets = [str(node.target) for node in counter.graphs[0].graph.nodes if node.op == "call_function"]
+    assert [target for target in targets if target.startswith("segattn.")] == [
+        "segattn.depthwise_conv_gelu.default"
+    ]
+    for actual, expected in zip([compiled_out, *compiled_grads], [out, *grads], strict=True):
+        torch.testing.assert_close(actual, expected)
+
+
+def test_exported_mix_ffn_holds_the_plain_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built under SEGATTN_KERNEL=triton, a MixFFN exports (``torch.export``) to conv2d and GELU, never the
+    operator."""
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    module = MixFFN(8, 16).to(DEVICE)
+
+    class Grid(torch.nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return module(x, (HEIGHT, WIDTH))
+
+    x = torch.randn(2, HEIGHT * WIDTH, 8, device=DEVICE)
+    exported = torch.export.export(Grid(), (x,))
+    assert not [node for node in exported.graph.nodes if str(node.target).startswith("segattn.")]
+    torch.testing.assert_close(exported.module()(x), module(x, (HEIGHT, WIDTH)))
