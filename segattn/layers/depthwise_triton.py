@@ -6,10 +6,12 @@ zero-padded taps of its tile in fp32, adds the bias and writes GELU of it: one r
 hidden tensor; only the input is kept for backward, never the pre-activation.
 
 Backward (``conv_gelu_backward_kernel``): grid (splits, blocks of channels); each program walks its share of
-the pixel blocks and, per pixel p, recomputes ĝ(q) = ∂out(q)·GELU'(pre(q)) at the nine q whose taps read p
-(pre from the input's 3×3 around q: reads that hit the cache), so ∂x(p) = Σ_taps w·ĝ(q) without writing ĝ:
-one read of the input and of the output gradient, one write of ∂x. ∂w and ∂b are per-split fp32 partials
-of Σ ĝ(p)·x(p + tap) and Σ ĝ(p), summed over the splits by the caller in a fixed order (deterministic).
+strips (rows × columns of one image) down their rows, keeping ĝ = ∂out·GELU'(pre) of three rows (above, at,
+below) at each column's left, own and right neighbour in registers: each step recomputes the row below
+(pre from the input's 3×3: reads that hit the cache) and gives ∂x(row) = Σ_taps w·ĝ without writing ĝ. One
+read of the input and of the output gradient, one write of ∂x; the pre-activation is computed three times
+per pixel (its column neighbours), plus two rows per strip. ∂w and ∂b are per-split fp32 partials of
+Σ ĝ(p)·x(p + tap) and Σ ĝ(p), summed over the splits by the caller in a fixed order (deterministic).
 
 TRITON_INTERPRET=1 (set before triton is first imported) runs the kernels on the CPU. This module imports
 triton, so ``depthwise`` loads it on first use.
@@ -81,52 +83,100 @@ def conv_gelu_kernel(
 
 
 @triton.jit
+def weighted_row(w_ptr, channels, ok, i, left, centre, right):
+    """Σ_j W[i, j]·ĝ(·, w + 1 − j) for one kernel row i, from ĝ at w − 1, w and w + 1."""
+    w_left = tl.load(w_ptr + channels * 9 + i * 3 + 2, mask=ok, other=0.0).to(tl.float32)
+    w_centre = tl.load(w_ptr + channels * 9 + i * 3 + 1, mask=ok, other=0.0).to(tl.float32)
+    w_right = tl.load(w_ptr + channels * 9 + i * 3, mask=ok, other=0.0).to(tl.float32)
+    return left * w_left[None, :] + centre * w_centre[None, :] + right * w_right[None, :]
+
+
+@triton.jit
 def conv_gelu_backward_kernel(
-    x_ptr, g_ptr, w_ptr, b_ptr, dx_ptr, part_ptr, sxb, sxn, sxc, sgb, sgn, sgc, C, H, W, pixel_blocks,
-    num_blocks, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, g_ptr, w_ptr, b_ptr, dx_ptr, part_ptr, sxb, sxn, sxc, sgb, sgn, sgc, C, H, W, row_groups,
+    col_blocks, num_strips, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     split, splits = tl.program_id(0), tl.num_programs(0)
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = channels < C
     taps = tl.arange(0, 16)
     partials = tl.zeros([16, BLOCK_C], dtype=tl.float32)  # Σ ĝ·x per tap (rows 0-8), Σ ĝ (row 9)
-    for block in range(split, num_blocks, splits):
-        batch = (block // pixel_blocks).to(tl.int64)
-        pixels = (block % pixel_blocks) * BLOCK_P + tl.arange(0, BLOCK_P)
-        rows, cols = pixels // W, pixels % W
+    for strip in range(split, num_strips, splits):  # ROWS rows × BLOCK_W columns of one image
+        batch = (strip // (row_groups * col_blocks)).to(tl.int64)
+        first = (strip // col_blocks % row_groups) * ROWS
+        cols = (strip % col_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
         x_base, g_base = x_ptr + batch * sxb, g_ptr + batch * sgb
-        grad = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-        for tap in range(9):  # the pixel q whose tap `tap` reads p
-            q_rows, q_cols = rows - (tap // 3 - 1), cols - (tap % 3 - 1)
-            g = gelu_input_grad(
-                x_base, g_base, w_ptr, b_ptr, q_rows, q_cols, channels, ok, sxn, sxc, sgn, sgc, H, W
+        row_of = tl.zeros([BLOCK_W], dtype=tl.int32)  # + a row: that row for every column
+        # ĝ at columns w − 1, w, w + 1 of the row above the strip and of its first row, then rolled down
+        above = row_of + first - 1
+        up_l = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        up_c = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        up_r = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        at_l = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above + 1, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        at_c = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above + 1, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        at_r = gelu_input_grad(
+            x_base, g_base, w_ptr, b_ptr, above + 1, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+        )
+        for row in range(first, tl.minimum(first + ROWS, H)):
+            below = row_of + row + 1
+            down_l = gelu_input_grad(
+                x_base, g_base, w_ptr, b_ptr, below, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
             )
-            w = tl.load(w_ptr + channels * 9 + tap, mask=ok, other=0.0).to(tl.float32)
-            grad += g * w[None, :]
-            if tap == 4:  # q = p: the weight and bias gradients
-                partials += tl.where(taps[:, None] == 9, tl.sum(g, axis=0)[None, :], 0.0)
-                for source in range(9):
-                    r, c = rows + (source // 3 - 1), cols + (source % 3 - 1)
-                    x = load_tile(x_base, r, c, channels, ok, sxn, sxc, H, W)
-                    partials += tl.where(taps[:, None] == source, tl.sum(g * x, axis=0)[None, :], 0.0)
-        offsets = batch * H * W * C + pixels.to(tl.int64)[:, None] * C + channels[None, :]
-        tl.store(dx_ptr + offsets, grad, mask=(rows < H)[:, None] & ok[None, :])
+            down_c = gelu_input_grad(
+                x_base, g_base, w_ptr, b_ptr, below, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
+            )
+            down_r = gelu_input_grad(
+                x_base, g_base, w_ptr, b_ptr, below, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+            )
+            # ∂x(row, w) = Σ_ij W[i, j]·ĝ(row + 1 − i, w + 1 − j)
+            grad = weighted_row(w_ptr, channels, ok, 0, down_l, down_c, down_r)
+            grad += weighted_row(w_ptr, channels, ok, 1, at_l, at_c, at_r)
+            grad += weighted_row(w_ptr, channels, ok, 2, up_l, up_c, up_r)
+            pixels = (row * W + cols).to(tl.int64)
+            offsets = batch * H * W * C + pixels[:, None] * C + channels[None, :]
+            tl.store(dx_ptr + offsets, grad, mask=(cols < W)[:, None] & ok[None, :])
+            # ∂w[i, j] += Σ_w ĝ(row, w)·x(row + i − 1, w + j − 1); ∂b += Σ_w ĝ(row, w)
+            partials += tl.where(taps[:, None] == 9, tl.sum(at_c, axis=0)[None, :], 0.0)
+            for tap in range(9):
+                r, c = row_of + row + (tap // 3 - 1), cols + (tap % 3 - 1)
+                x = load_tile(x_base, r, c, channels, ok, sxn, sxc, H, W)
+                partials += tl.where(taps[:, None] == tap, tl.sum(at_c * x, axis=0)[None, :], 0.0)
+            up_l, up_c, up_r = at_l, at_c, at_r
+            at_l, at_c, at_r = down_l, down_c, down_r
     part_offsets = split * 16 * C + taps[:, None] * C + channels[None, :]
     tl.store(part_ptr + part_offsets, partials, mask=(taps < 10)[:, None] & ok[None, :])
 
 
 def blocks(channels: int, compiled: bool) -> tuple[int, int]:
-    """(pixels, channels) per program: 64 channels (128 bytes of bf16) where C allows; under the interpreter
-    (not ``compiled``), which runs programs one by one at a fixed cost per operation, more pixels."""
+    """(pixels, channels) per forward program: 64 channels (128 bytes of bf16) where C allows; under the
+    interpreter (not ``compiled``), which runs programs one by one at a fixed cost per operation, more
+    pixels."""
     return 16 if compiled else 64, max(16, min(64, triton.next_power_of_2(channels)))
 
 
-def backward_splits(x: Tensor, num_blocks: int, channel_blocks: int) -> int:
+def strips(compiled: bool) -> tuple[int, int]:
+    """(rows, columns) of the backward's strips: 16 × 8 (the two rows of ĝ computed before each strip's
+    first cost 1/8 more; at 64 channels and 4 warps 145 registers on sm_90, where 16 columns took 216);
+    under the interpreter 4 × 4, so that tiny grids still cross strips both ways."""
+    return (16, 8) if compiled else (4, 4)
+
+
+def backward_splits(x: Tensor, num_strips: int, channel_blocks: int) -> int:
     """Programs per block of channels in backward: a few per multiprocessor in all."""
     if not x.is_cuda:
-        return min(num_blocks, INTERPRETER_SPLITS)
+        return min(num_strips, INTERPRETER_SPLITS)
     programs = SPLITS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
-    return max(1, min(num_blocks, programs // channel_blocks))
+    return max(1, min(num_strips, programs // channel_blocks))
 
 
 @custom_op("segattn::depthwise_conv_gelu", mutates_args=())
@@ -158,15 +208,17 @@ def depthwise_conv_gelu_backward(
     recomputed."""
     batch, _, channels = x.shape
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_p, block_c = blocks(channels, x.is_cuda)
-    pixel_blocks = triton.cdiv(height * width, block_p)
+    block_c = blocks(channels, x.is_cuda)[1]
+    rows, columns = strips(x.is_cuda)
+    row_groups, col_blocks = triton.cdiv(height, rows), triton.cdiv(width, columns)
+    num_strips = batch * row_groups * col_blocks
     channel_blocks = triton.cdiv(channels, block_c)
-    splits = backward_splits(x, batch * pixel_blocks, channel_blocks)
+    splits = backward_splits(x, num_strips, channel_blocks)
     partials = torch.empty(splits, TAP_ROWS, channels, dtype=torch.float32, device=x.device)
     conv_gelu_backward_kernel[(splits, channel_blocks)](
         x, grad, weight.contiguous(), bias.contiguous(), grad_x, partials, *x.stride(), *grad.stride(),
-        channels, height, width, pixel_blocks, batch * pixel_blocks, BLOCK_P=block_p, BLOCK_C=block_c,
-        num_warps=NUM_WARPS,
+        channels, height, width, row_groups, col_blocks, num_strips, ROWS=rows, BLOCK_W=columns,
+        BLOCK_C=block_c, num_warps=NUM_WARPS,
     )  # fmt: skip
     sums = partials[:, : TAPS + 1].sum(dim=0)  # copies: an operator's results may not share storage
     grad_weight = sums[:TAPS].t().reshape(weight.shape).to(weight.dtype)

@@ -140,10 +140,15 @@ def spills() -> list[str]:
             usage = report(fn, {**blocks.constants(), **flags}, blocks.num_warps, halves)
             lines.append(f"{fn.__name__} {head} {dtype} {usage}")
     block_p, block_c = depthwise_triton.blocks(256, compiled=True)
+    rows, columns = depthwise_triton.strips(compiled=True)
+    mix_ffn = {
+        depthwise_triton.conv_gelu_kernel: {"BLOCK_P": block_p, "BLOCK_C": block_c},
+        depthwise_triton.conv_gelu_backward_kernel: {"ROWS": rows, "BLOCK_W": columns, "BLOCK_C": block_c},
+    }
     for dtype in ("bf16", "fp32"):
         halves = ("x_ptr", "g_ptr", "out_ptr", "dx_ptr") if dtype == "bf16" else ()
-        for fn in (depthwise_triton.conv_gelu_kernel, depthwise_triton.conv_gelu_backward_kernel):
-            usage = report(fn, {"BLOCK_P": block_p, "BLOCK_C": block_c}, depthwise_triton.NUM_WARPS, halves)
+        for fn, constants in mix_ffn.items():
+            usage = report(fn, constants, depthwise_triton.NUM_WARPS, halves)
             lines.append(f"{fn.__name__} 256 {dtype} {usage}")
     return lines
 

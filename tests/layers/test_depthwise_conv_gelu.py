@@ -24,13 +24,16 @@ from segattn.layers import KERNEL_ENV, depthwise_triton  # noqa: F401  (register
 from segattn.models.blocks import MixFFN
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-HEIGHT, WIDTH = 5, 7
+HEIGHT, WIDTH = 5, 7  # the interpreter's backward strips are 4 × 4: this grid crosses them both ways
+SMALL = (3, 4)  # one strip: for the tests of the operator's plumbing, which run it many times
 
 
-def inputs(dtype: torch.dtype, channels: int = 20, batch: int = 2) -> tuple[Tensor, Tensor, Tensor]:
+def inputs(
+    dtype: torch.dtype, channels: int = 20, batch: int = 2, hw: tuple[int, int] = (HEIGHT, WIDTH)
+) -> tuple[Tensor, Tensor, Tensor]:
     """Tokens [B, H·W, C] as a strided view (every other channel of a wider tensor), weight and bias."""
     generator = torch.Generator().manual_seed(0)
-    wide = torch.randn(batch, HEIGHT * WIDTH, 2 * channels, generator=generator)
+    wide = torch.randn(batch, hw[0] * hw[1], 2 * channels, generator=generator)
     weight = torch.randn(channels, 1, 3, 3, generator=generator)
     bias = torch.randn(channels, generator=generator)
     x = wide.to(DEVICE, dtype).requires_grad_()[..., ::2]
@@ -61,11 +64,11 @@ def test_conv_gelu_operator_matches_the_explicit_formula_with_its_gradients(
 
 
 def test_conv_gelu_operators_pass_opcheck() -> None:
-    x, weight, bias = inputs(torch.float32, channels=8, batch=2)
-    args = (x, weight, bias, HEIGHT, WIDTH)
+    x, weight, bias = inputs(torch.float32, channels=8, batch=2, hw=SMALL)
+    args = (x, weight, bias, *SMALL)
     checks = dict(torch.library.opcheck(torch.ops.segattn.depthwise_conv_gelu.default, args))
     grad = torch.randn(x.shape, device=DEVICE)
-    backward = (grad, x.detach(), weight.detach(), bias.detach(), HEIGHT, WIDTH)
+    backward = (grad, x.detach(), weight.detach(), bias.detach(), *SMALL)
     checks |= {
         f"backward {test}": result
         for test, result in torch.library.opcheck(
@@ -103,14 +106,14 @@ def test_mix_ffn_takes_the_operator_under_triton_with_its_parameters_unchanged(
         "fc2.weight",
         "fc2.bias",
     ]
-    x = torch.randn(2, HEIGHT * WIDTH, 8, device=DEVICE)
+    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE)
     with OperatorNames() as names:
-        out = fused(x, (HEIGHT, WIDTH))
+        out = fused(x, SMALL)
         out.sum().backward()
     assert "segattn.depthwise_conv_gelu.default" in names.names
     assert "segattn.depthwise_conv_gelu_backward.default" in names.names
     assert not any("convolution" in name or "gelu" in name for name in names.names if "segattn" not in name)
-    expected = plain(x, (HEIGHT, WIDTH))
+    expected = plain(x, SMALL)
     expected.sum().backward()
     torch.testing.assert_close(out, expected)
     for got, want in zip(fused.parameters(), plain.parameters(), strict=True):
@@ -122,11 +125,11 @@ def test_compiled_mix_ffn_keeps_the_operator_in_one_graph(monkeypatch: pytest.Mo
     operator, with eager mode's outputs and gradients."""
     monkeypatch.setenv(KERNEL_ENV, "triton")
     module = MixFFN(8, 16).to(DEVICE)
-    x = torch.randn(2, HEIGHT * WIDTH, 8, device=DEVICE, requires_grad=True)
-    out = module(x, (HEIGHT, WIDTH))
+    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE, requires_grad=True)
+    out = module(x, SMALL)
     grads = torch.autograd.grad(out.sum(), [x, *module.parameters()])
     counter = CompileCounterWithBackend("aot_eager")
-    compiled_out = torch.compile(module, backend=counter)(x, (HEIGHT, WIDTH))
+    compiled_out = torch.compile(module, backend=counter)(x, SMALL)
     compiled_grads = torch.autograd.grad(compiled_out.sum(), [x, *module.parameters()])
     assert counter.frame_count == 1
     targets = [str(node.target) for node in counter.graphs[0].graph.nodes if node.op == "call_function"]
@@ -145,9 +148,9 @@ def test_exported_mix_ffn_holds_the_plain_ops(monkeypatch: pytest.MonkeyPatch) -
 
     class Grid(torch.nn.Module):
         def forward(self, x: Tensor) -> Tensor:
-            return module(x, (HEIGHT, WIDTH))
+            return module(x, SMALL)
 
-    x = torch.randn(2, HEIGHT * WIDTH, 8, device=DEVICE)
+    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE)
     exported = torch.export.export(Grid(), (x,))
     assert not [node for node in exported.graph.nodes if str(node.target).startswith("segattn.")]
-    torch.testing.assert_close(exported.module()(x), module(x, (HEIGHT, WIDTH)))
+    torch.testing.assert_close(exported.module()(x), module(x, SMALL))
