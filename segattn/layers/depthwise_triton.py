@@ -66,6 +66,19 @@ def gelu_input_grad(
 
 
 @triton.jit
+def gelu_grad_row(x_base, g_base, w_ptr, b_ptr, rows, cols, channels, ok, sxn, sxc, sgn, sgc, H, W):
+    """``gelu_input_grad`` at (rows, cols − 1), (rows, cols) and (rows, cols + 1)."""
+    left = gelu_input_grad(
+        x_base, g_base, w_ptr, b_ptr, rows, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+    )
+    centre = gelu_input_grad(x_base, g_base, w_ptr, b_ptr, rows, cols, channels, ok, sxn, sxc, sgn, sgc, H, W)
+    right = gelu_input_grad(
+        x_base, g_base, w_ptr, b_ptr, rows, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
+    )
+    return left, centre, right
+
+
+@triton.jit
 def conv_gelu_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, sxb, sxn, sxc, C, H, W, pixel_blocks,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -107,36 +120,18 @@ def conv_gelu_backward_kernel(
         cols = (strip % col_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
         x_base, g_base = x_ptr + batch * sxb, g_ptr + batch * sgb
         row_of = tl.zeros([BLOCK_W], dtype=tl.int32)  # + a row: that row for every column
-        # ĝ at columns w − 1, w, w + 1 of the row above the strip and of its first row, then rolled down
+        # ĝ of the row above the strip and of its first row, then rolled down a row per step
         above = row_of + first - 1
-        up_l = gelu_input_grad(
-            x_base, g_base, w_ptr, b_ptr, above, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        up_c = gelu_input_grad(
+        up_l, up_c, up_r = gelu_grad_row(
             x_base, g_base, w_ptr, b_ptr, above, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
         )
-        up_r = gelu_input_grad(
-            x_base, g_base, w_ptr, b_ptr, above, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        at_l = gelu_input_grad(
-            x_base, g_base, w_ptr, b_ptr, above + 1, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        at_c = gelu_input_grad(
+        at_l, at_c, at_r = gelu_grad_row(
             x_base, g_base, w_ptr, b_ptr, above + 1, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        at_r = gelu_input_grad(
-            x_base, g_base, w_ptr, b_ptr, above + 1, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
         )
         for row in range(first, tl.minimum(first + ROWS, H)):
             below = row_of + row + 1
-            down_l = gelu_input_grad(
-                x_base, g_base, w_ptr, b_ptr, below, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-            )
-            down_c = gelu_input_grad(
+            down_l, down_c, down_r = gelu_grad_row(
                 x_base, g_base, w_ptr, b_ptr, below, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
-            )
-            down_r = gelu_input_grad(
-                x_base, g_base, w_ptr, b_ptr, below, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
             )
             # ∂x(row, w) = Σ_ij W[i, j]·ĝ(row + 1 − i, w + 1 − j)
             grad = weighted_row(w_ptr, channels, ok, 0, down_l, down_c, down_r)
