@@ -1,5 +1,4 @@
-"""The one error type of every refusal a user can act on, and the table that turns known third-party failures
-into it.
+"""The one error type of every refusal a user can act on, and ``translate`` for known third-party failures.
 
 Each command maps them once, at its entry (``segattn.cli``, which the bench uses too), to one line on stderr
 and an exit status; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
