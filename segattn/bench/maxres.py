@@ -5,8 +5,9 @@ little above the budget, so an oversized probe fails with an allocation error ra
 machine. A probe fits when it finishes with its peak memory (weights, optimizer state, activations) within the
 budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``. A linear fit of
 the fitting probes' peaks (bytes = a + b·pixels) extrapolates the maxres to a budget larger than this machine
-has (``extrapolate_gib``). Variants are labelled as in ``bench model``; ``peak_bytes_per_mpx`` is the largest
-fitting probe's peak per megapixel.
+has (``extrapolate_gib``). Variants run eager and, with ``compile=true``, compiled, on each kernel path of
+``kernels``, labelled as in ``bench model``; ``peak_bytes_per_mpx`` is the largest fitting probe's peak per
+megapixel.
 """
 
 from __future__ import annotations
