@@ -118,8 +118,8 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationMo
 
 
 def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, int]]) -> None:
-    """``trainer.strategy.name=spatial``: the model, the loss, validation and every input size must split
-    into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
+    """Refuse, under ``trainer.strategy.name=spatial``, a model, loss, validation or input size that cannot
+    split into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
     strategy = OmegaConf.select(cfg, "trainer.strategy")
     if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "spatial"):
         return
