@@ -199,9 +199,8 @@ def test_mlflow_logs_the_config_and_metrics_to_a_file_store_in_the_run_dir(tmp_p
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded: the value the run sets is undone after
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     cfg = compose_run(
-        tmp_path, *BASE, *VIT, "logger=mlflow", "trainer.max_epochs=1", "trainer.log_every_n_steps=1",
-        "test_after_fit=false",
-    )  # fmt: skip
+        tmp_path, *BASE, *VIT, "logger=mlflow", "trainer.max_epochs=1", "trainer.log_every_n_steps=1"
+    )
     summary = train.run(cfg)
     client = MlflowClient(f"file:{tmp_path / 'run' / 'mlflow'}")
     (logged,) = client.search_runs([client.get_experiment_by_name("segattn").experiment_id])
@@ -211,6 +210,7 @@ def test_mlflow_logs_the_config_and_metrics_to_a_file_store_in_the_run_dir(tmp_p
     assert params["model/embed_dim"] == "32"  # MLflow keeps parameters as text
     assert params["paths/output_dir"] == str(tmp_path / "run")  # resolved, not an interpolation
     assert metrics["val/mIoU"] == pytest.approx(summary["best_score"], abs=1e-4) and "train/loss" in metrics
+    assert metrics["test/mIoU"] == pytest.approx(summary["test"]["mIoU"], abs=1e-4)  # logged after fit
     assert logged.data.tags["attention"] == "linear"
 
 
@@ -233,9 +233,11 @@ def test_mlflow_file_store_is_allowed_for_a_local_store(tmp_path, monkeypatch, t
 
 
 def test_mlflow_file_store_refused_by_the_user_stays_refused_in_one_line(tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(MlflowException) as raised:
         train.build_loggers(compose_run(tmp_path, *BASE, "logger=mlflow"), None)
     error = translate(raised.value)
     assert isinstance(error, ConfigError) and "\n" not in str(error)
