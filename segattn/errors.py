@@ -78,6 +78,7 @@ KNOWN: dict[str, tuple[str | None, type[SegattnError]]] = {
         "Lightning refused the trainer settings",
         ConfigError,
     ),
+    "mlflow.exceptions.MlflowException": ("MLflow refused logger.mlflow", ConfigError),
 }
 
 

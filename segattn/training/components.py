@@ -12,7 +12,7 @@ passed to the built class as plain arguments, never through Hydra.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import Logger
+from pytorch_lightning.loggers import Logger, MLFlowLogger
 from pytorch_lightning.strategies import Strategy
 
 from ..config import config_dir, plain
@@ -163,11 +163,16 @@ def check_strategy(spec: Any) -> None:
 
 
 def check_components(cfg: DictConfig) -> None:
-    """Every callback, logger and the trainer's strategy names a class of its kind that imports, and the
-    ``monitor`` of a checkpoint or early-stopping callback is a metric the run logs: before the run creates
-    anything."""
+    """Every callback, logger and the trainer's strategy names a class of its kind that imports, an MLflow
+    logger finds mlflow (an optional extra), and the ``monitor`` of a checkpoint or early-stopping callback is
+    a metric the run logs: before the run creates anything."""
     for key, spec in entries("callbacks", plain(cfg.get("callbacks"))):
         check_monitor(key, target_class(key, spec, pl.Callback), spec)
     for key, spec in entries("logger", plain(cfg.get("logger"))):
-        target_class(key, spec, Logger)
+        logger = target_class(key, spec, Logger)
+        if issubclass(logger, MLFlowLogger) and importlib.util.find_spec("mlflow") is None:
+            raise ConfigError(
+                f"{key}: {logger.__name__} needs mlflow, which is not installed; "
+                "pip install 'segattn[mlflow]' (mlflow-skinny)"
+            )
     check_strategy(plain(OmegaConf.select(cfg, STRATEGY)))
