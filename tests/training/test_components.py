@@ -245,14 +245,30 @@ def test_mlflow_file_store_refused_by_the_user_stays_refused_in_one_line(tmp_pat
     assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "false"
 
 
-def test_mlflow_missing_is_one_line_naming_the_extra_before_the_run_creates_anything(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
+@pytest.mark.parametrize(
+    ("logger", "packages", "message"),
+    [
+        (
+            "mlflow",
+            ["mlflow"],
+            "MLFlowLogger needs mlflow, which is not installed; pip install 'segattn[mlflow]' "
+            "(mlflow-skinny)",
+        ),
+        (
+            "tensorboard",
+            ["tensorboard", "tensorboardX"],
+            "TensorBoardLogger needs tensorboard, which is not installed; pip install 'segattn[tensorboard]'",
+        ),
+    ],
+)
+def test_a_logger_without_its_package_is_one_line_naming_the_extra_before_the_run_creates_anything(
+    tmp_path, monkeypatch, logger, packages, message
+):
+    for package in packages:
+        monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
     monkeypatch.setattr(train, "build_loggers", pytest.fail)
     monkeypatch.setattr(train, "fit", pytest.fail)
     with pytest.raises(ConfigError) as error:
-        train.run(compose_run(tmp_path, *BASE, *VIT, "logger=mlflow"))
-    assert str(error.value) == (
-        "logger.mlflow: MLFlowLogger needs mlflow, which is not installed; pip install 'segattn[mlflow]' "
-        "(mlflow-skinny)"
-    )
+        train.run(compose_run(tmp_path, *BASE, *VIT, f"logger={logger}"))
+    assert str(error.value) == f"logger.{logger}: {message}"
     assert not (tmp_path / "run").exists()
