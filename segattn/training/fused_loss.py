@@ -25,7 +25,9 @@ from .chunked_loss import check_covers
 from .losses import SegLoss, loss_from_sums
 
 MIN_CLASSES = 16  # classes are padded to a power of two of at least this (``tl.dot``'s smallest operand)
-PIXELS_PER_BLOCK = 2048  # classes × columns one block holds: 64 columns of 32 padded classes
+# classes × columns a block of 4 warps holds: more spills registers on sm_90 (tests/attention/
+# test_triton_compile.py, ptxas's report), so wider classes get more warps
+PIXELS_PER_WARPS = 512
 BLOCK_IN = 16  # low-resolution columns per block of the backward
 
 
@@ -35,10 +37,11 @@ def loss_kernels() -> ModuleType:
     return importlib.import_module(f"{__package__}.loss_kernels")
 
 
-def loss_blocks(classes: int) -> tuple[int, int]:
-    """Padded classes and output columns per block for ``classes`` classes."""
+def loss_blocks(classes: int) -> tuple[int, int, int]:
+    """Padded classes, output columns per block and warps for ``classes`` classes."""
     padded = max(MIN_CLASSES, 1 << (classes - 1).bit_length())
-    return padded, max(16, PIXELS_PER_BLOCK // padded)
+    block = max(16, PIXELS_PER_WARPS // padded)
+    return padded, block, 4 * padded * block // PIXELS_PER_WARPS
 
 
 def axis_table(low: int, size: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -79,11 +82,11 @@ def seg_loss_sums(
     (batch, classes), (height, width) = logits.shape[:2], target.shape[-2:]
     rows, cols = (table[:3] for table in tables(logits, size))
     sums = logits.new_zeros(batch, height, sums_length(classes), dtype=torch.float32)
-    padded, block = loss_blocks(classes)
+    padded, block, warps = loss_blocks(classes)
     loss_kernels().loss_sums_kernel[(height, batch)](
         logits, target, weights, sums, *rows, *cols, *logits.stride(), *target.stride(),
         height, width, classes, ignore_index, smoothing,
-        DICE=dice, KP=padded, BLOCK=block, num_warps=4,
+        DICE=dice, KP=padded, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return sums.sum((0, 1))
 
@@ -108,12 +111,12 @@ def seg_loss_sums_backward(
     (batch, classes, low_height, low_width), (height, width) = logits.shape, target.shape[-2:]
     rows, cols = tables(logits, size)
     grad_logits = torch.empty_like(logits)
-    padded, block = loss_blocks(classes)
+    padded, block, warps = loss_blocks(classes)
     loss_kernels().loss_backward_kernel[(low_height, batch)](
         logits, target, weights, grad.float().contiguous(), grad_logits, *rows[:3], *cols[:3], *rows[3:],
         *cols[3:], *logits.stride(), *target.stride(), *grad_logits.stride(),
         height, width, low_width, classes, ignore_index, smoothing,
-        DICE=dice, KP=padded, BLOCK=block, BLOCK_IN=BLOCK_IN, num_warps=4,
+        DICE=dice, KP=padded, BLOCK=block, BLOCK_IN=BLOCK_IN, num_warps=warps,
     )  # fmt: skip
     return grad_logits
 
