@@ -25,9 +25,9 @@ from .chunked_loss import check_covers
 from .losses import SegLoss, loss_from_sums
 
 MIN_CLASSES = 16  # classes are padded to a power of two of at least this (``tl.dot``'s smallest operand)
-# classes × columns a block of 4 warps holds: more spills registers on sm_90 (tests/attention/
-# test_triton_compile.py, ptxas's report), so wider classes get more warps
-PIXELS_PER_WARPS = 512
+# (padded classes) × columns per 4 warps of a block: 2048 spilled registers in the backward on sm_90
+# (tests/attention/test_triton_compile.py, ptxas's report); wider classes get more warps
+VALUES_PER_4_WARPS = 512
 BLOCK_IN = 16  # low-resolution columns per block of the backward
 
 
@@ -40,8 +40,8 @@ def loss_kernels() -> ModuleType:
 def loss_blocks(classes: int) -> tuple[int, int, int]:
     """Padded classes, output columns per block and warps for ``classes`` classes."""
     padded = max(MIN_CLASSES, 1 << (classes - 1).bit_length())
-    block = max(16, PIXELS_PER_WARPS // padded)
-    return padded, block, 4 * padded * block // PIXELS_PER_WARPS
+    block = max(16, VALUES_PER_4_WARPS // padded)
+    return padded, block, 4 * padded * block // VALUES_PER_4_WARPS
 
 
 def axis_table(low: int, size: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
