@@ -205,3 +205,26 @@ def test_head_losses_take_the_fused_loss_on_the_triton_path_only(monkeypatch) ->
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
     _, calls = head_losses(model, SegLoss(3, lovasz=1.0).to(DEVICE), images, masks, monkeypatch)
     assert calls == []
+
+
+def test_torch_compile_keeps_the_fused_loss_as_one_operator() -> None:
+    """Compiled whole (one graph, no break), the forward operator stays in it, and the value and gradient
+    equal eager's. (Dice over the present classes only branches on the labels, a graph break of its own.)"""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    logits, target = batch((3, 4), (10, 13))
+    criterion = SegLoss(K, dice=1.0, dice_present_only=False, ignore_index=IGNORE).to(DEVICE)
+    target = target.to(DEVICE)
+    eager = logits.float().to(DEVICE).requires_grad_()
+    expected = fused_seg_loss(criterion, eager, target, (12, 16))
+    expected.backward()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled_loss = torch.compile(fused_seg_loss, backend=counter, fullgraph=True)
+    compiled = eager.detach().clone().requires_grad_()
+    got = compiled_loss(criterion, compiled, target, (12, 16))
+    got.backward()
+    assert counter.frame_count == 1
+    nodes = [str(node.target) for node in counter.graphs[0].graph.nodes]
+    assert any("seg_loss_sums" in node for node in nodes), nodes
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(compiled.grad, eager.grad)
