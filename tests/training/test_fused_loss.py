@@ -102,14 +102,15 @@ def test_fused_loss_equals_the_loss_on_upsampled_logits(options, low, size, crop
 
 
 def test_bfloat16_logits_are_scored_in_float32() -> None:
-    """bf16 logits are read as they are and scored in fp32: the loss is the float64 loss of the same
-    values within fp32 rounding; the gradient has the logits' dtype."""
+    """bf16 logits are read as they are (here channels-last) and scored in fp32: the loss is the float64
+    loss of the same values within fp32 rounding; the gradient has the logits' dtype and memory order."""
     logits, target = batch((3, 4), (9, 15))
-    half = logits.bfloat16()
+    half = logits.bfloat16().to(memory_format=torch.channels_last)
     criterion = SegLoss(K, dice=1.0, ignore_index=IGNORE, label_smoothing=0.05)
     expected, expected_grad = reference(criterion, half, target, (12, 16))
     got, grad = fused(criterion, half, target, (12, 16))
     assert got.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert grad.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad.double(), expected_grad, rtol=0, atol=1e-2 * expected_grad.abs().max())
 
