@@ -135,6 +135,15 @@ def choose_path(
     return FUNCTION if (fused_enabled() if backend is None else backend != PLAIN) else PLAIN
 
 
+def loss_path(x: Tensor, classes: int) -> str:
+    """The training loss's path for ``x`` (the images; their device and dtype decide): TRITON, the fused
+    upsampling and loss operator (``training.fused_loss``), where ``choose_path`` gives heads as wide as
+    ``classes`` the Triton kernels; else PLAIN. More classes than the kernels' widest heads: PLAIN."""
+    if classes > MAX_HEAD_DIM:
+        return PLAIN
+    return TRITON if choose_path(None, x, triton_head_dim=classes, function=False) == TRITON else PLAIN
+
+
 def takes_triton(backend: str, x: Tensor, head_dim: int, widening: int) -> bool:
     """``choose_path``'s Triton rule for heads ``head_dim`` wide with ``widening`` features per channel."""
     if backend in ("torch", PLAIN) or x.dtype not in TRITON_DTYPES or exporting():

@@ -3,10 +3,11 @@ the numerical tests (test_triton_kernels.py) executes the kernels as Python and 
 compiler rejects (types of loop-carried values, shapes ``tl.dot`` refuses, shared memory over the limit).
 
 ``triton.compile`` to a cubin needs no device, only triton's bundled ptxas. It runs in a child process:
-this one has TRITON_INTERPRET=1 (conftest.py), under which ``triton.jit`` makes interpreted functions. Each
-feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each kernel
-with its branches on, the widest head dim with its block size, and the stats and focusing kernels. A second
-child counts the binaries a sweep of token counts needs, from Triton's own specialisation keys.
+this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` makes interpreted functions.
+Each feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each
+kernel with its branches on, the widest head dim with its block size, and the stats and focusing kernels. A
+second child counts the binaries a sweep of token counts needs, from Triton's own specialisation keys. The
+fused loss's kernels (``training.loss_kernels``) are checked for spills here too.
 """
 
 from __future__ import annotations
@@ -91,17 +92,9 @@ def spills() -> list[str]:
     """Registers and spill stores a thread of each attention kernel uses on sm_90 at the blocks the launcher
     plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32: ptxas's own report (``-v``) of the
     PTX Triton generates. One line per kernel: "name head dtype registers spills"."""
-    import re
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from segattn.attention.triton import kernels as K
     from segattn.attention.triton.launch import Tuning, planned_blocks
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
     cases = {
         K.query_backward_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False},
@@ -115,23 +108,62 @@ def spills() -> list[str]:
         for fn, flags in cases.items():
             constants = {**blocks.constants(), **flags}
             halves = half if dtype == "bf16" else ()
-            signature = {name: arg_type(name, constants, halves) for name in fn.arg_names}
-            kernel = triton.compile(
-                ASTSource(fn, signature, constexprs=constants),
-                target=GPUTarget("cuda", SM90, 32),
-                options={"num_warps": blocks.num_warps},
-            )
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-                ptx.write(kernel.asm["ptx"])
-                ptx.flush()
-                report = subprocess.run(
-                    [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
-                    capture_output=True, text=True, check=True,
-                ).stderr  # fmt: skip
-            registers = re.search(r"Used (\d+) registers", report).group(1)
-            spilled = re.search(r"(\d+) bytes spill stores", report).group(1)
+            registers, spilled = ptxas_report(fn, constants, blocks.num_warps, halves, {})
             lines.append(f"{fn.__name__} {head} {dtype} {registers} {spilled}")
     return lines
+
+
+def ptxas_report(fn, constants: dict, num_warps: int, half: tuple[str, ...], types: dict) -> tuple[str, str]:
+    """Registers and spill-store bytes a thread of ``fn`` uses on sm_90 (ptxas ``-v`` on Triton's PTX);
+    argument types by ``arg_type``, except those given in ``types``."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    signature = {name: types.get(name) or arg_type(name, constants, half) for name in fn.arg_names}
+    kernel = triton.compile(
+        ASTSource(fn, signature, constexprs=constants),
+        target=GPUTarget("cuda", SM90, 32),
+        options={"num_warps": num_warps},
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(kernel.asm["ptx"])
+        ptx.flush()
+        report = subprocess.run(
+            [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", report).group(1)
+    return registers, re.search(r"(\d+) bytes spill stores", report).group(1)
+
+
+def loss_spills() -> list[str]:
+    """The fused loss's kernels at the blocks ``fused_loss.loss_blocks`` plans for 19 classes (Cityscapes)
+    and 128 (the most it takes), bf16 logits with Dice: "name classes registers spills" per kernel."""
+    from segattn.training import loss_kernels as L
+    from segattn.training.fused_loss import BLOCK_IN, loss_blocks
+
+    half = ("logits_ptr", "dlogits_ptr")
+    tables = ("row_low", "row_high", "col_low", "col_high", "row_start", "row_stop", "col_start", "col_stop")
+    types = {"target_ptr": "*i64", "smoothing": "fp32", **{f"{name}_ptr": "*i32" for name in tables}}
+    lines = []
+    for classes in (19, 128):
+        padded, block, warps = loss_blocks(classes)
+        constants = {"DICE": True, "KP": padded, "BLOCK": block}
+        for fn, extra in ((L.loss_sums_kernel, {}), (L.loss_backward_kernel, {"BLOCK_IN": BLOCK_IN})):
+            registers, spilled = ptxas_report(fn, {**constants, **extra}, warps, half, types)
+            lines.append(f"{fn.__name__} {classes} {registers} {spilled}")
+    return lines
+
+
+def test_the_loss_kernels_compile_for_sm90_without_spilling() -> None:
+    rows = [line.split() for line in run_child("loss").stdout.splitlines()]
+    assert len(rows) == 4, rows
+    assert [row for row in rows if row[3] != "0"] == []
 
 
 def test_no_kernel_spills_registers_at_the_planned_blocks() -> None:
@@ -209,5 +241,5 @@ def test_a_new_token_count_reuses_the_compiled_kernels() -> None:
 
 
 if __name__ == "__main__":
-    modes = {"variants": variants_over_token_counts, "spills": spills}
+    modes = {"variants": variants_over_token_counts, "spills": spills, "loss": loss_spills}
     print("\n".join(modes.get(sys.argv[1] if sys.argv[1:] else "", compile_all)()))

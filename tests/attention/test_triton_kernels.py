@@ -9,7 +9,7 @@ runs programs one by one. Errors are measured relative to the largest magnitude 
 Tolerances: fp32 1e-5 (measured below 1e-6: summation order); bf16 inputs 2e-2 against the formula on
 the same bf16 values (results are rounded to bf16, 3.9e-3 relative, and fp32 sums of rounded terms).
 
-TRITON_INTERPRET=1 comes from this folder's conftest.py (it must be set before triton is imported).
+TRITON_INTERPRET=1 comes from tests/conftest.py (it must be set before triton is imported).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ operator (schema, autograd registration, fake tensors against real results, AOT 
 shapes), ``torch.compile`` of a module on the Triton path keeping the operators (one graph, outputs and
 gradients as in eager), and exporters never seeing them.
 
-On the CPU through Triton's interpreter (this folder's conftest.py); with a CUDA device, compiled. Inputs
+On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled. Inputs
 are tiny: the interpreter runs programs one by one, and opcheck calls each operator several times.
 """
 
