@@ -172,7 +172,7 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"eval.py: checkpoint={tmp_path / 'missing.ckpt'}: no such file or directory; expected a train.py "
-        ".ckpt, an exported safetensors directory or a model.onnx"
+        ".ckpt, an exported safetensors directory, a model.onnx or a TorchScript model.pt"
     ]
     assert not (tmp_path / "evals").exists() or not any((tmp_path / "evals").iterdir())
 

@@ -15,6 +15,7 @@ import segattn
 from segattn.checkpoints.loading import save_exported
 from segattn.checkpoints.resume import read_checkpoint
 from segattn.export.command import export
+from segattn.export.command import main as export_main
 
 
 def write_checkpoint(path, model, **overrides):
@@ -180,6 +181,15 @@ def test_a_torchscript_export_is_named_when_training_starts_from_it(torchscript_
         f"init_from={torchscript_export / 'model.pt'}: a TorchScript export, which eval and predict run but "
         "training cannot start from; give the checkpoint it was exported from"
     )
+
+
+def test_export_starts_from_a_checkpoint_not_from_a_torchscript_export(torchscript_export, tmp_path, capsys):
+    assert export_main([f"checkpoint={torchscript_export}", "format=onnx", f"out={tmp_path / 'out'}"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"segattn.export: {torchscript_export}: a model exported to torchscript runs as it is (python -m "
+        f"segattn.predict checkpoint={torchscript_export}); export from the checkpoint it came from"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_run_folder_given_as_a_model_points_at_its_checkpoints(tmp_path):
