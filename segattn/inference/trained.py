@@ -58,8 +58,7 @@ class TrainedModel:
     """An opened model: what it is (``record``), the file it came from (``path``; for ONNX the .onnx file),
     its ``format`` (``checkpoint``, ``safetensors``, ``segformer``, ``torchscript`` or ``onnx``), what runs
     it (``network``, the Segmentor or the TorchScript module in eval mode, or ``session``, the onnxruntime
-    session of an ONNX model) and where
-    (``device``: ``cpu`` or ``cuda:N``)."""
+    session of an ONNX model) and where (``device``: ``cpu`` or ``cuda:N``)."""
 
     record: ModelRecord
     path: Path
