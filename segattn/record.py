@@ -19,13 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FileFormatError
-from .images import (
-    IGNORE_INDEX,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Color,
-    default_palette,
-)
+from .images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, Color, default_palette
 
 FORMAT_VERSION = 1  # of the document; the reader accepts it and older files without the key
 RECORD_KEY = "segattn"  # ckpt["segattn"] and model.onnx's metadata_props["segattn"]
