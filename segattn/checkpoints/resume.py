@@ -71,7 +71,12 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
 
 
 def is_torchscript(path: Path) -> bool:
-    """Whether the zip archive ``path`` is a TorchScript module (``torch.jit.save``: it holds ``code/``)."""
+    """Whether ``path`` is a TorchScript module (a zip archive holding ``code/``, as ``torch.jit.save``
+    writes) or a folder holding ``model.pt`` and no safetensors export."""
+    if path.is_dir():
+        return (path / TORCHSCRIPT_FILE).is_file() and not (path / WEIGHTS_FILE).is_file()
+    if not zipfile.is_zipfile(path):
+        return False
     with zipfile.ZipFile(path) as archive:
         return any(name.split("/")[1:2] == ["code"] for name in archive.namelist())
 
@@ -82,10 +87,10 @@ def other_model_kind(key: str, path: Path) -> str | None:
     if path.is_dir() and ((path / "checkpoints").is_dir() or (path / ".hydra").is_dir()):
         best = path / "checkpoints" / "best.ckpt"
         return f"a train.py run folder; give one of its checkpoints: {key}={best} (or last.ckpt)"
-    if (path / TORCHSCRIPT_FILE).is_file() or (path.is_file() and is_torchscript(path)):
+    if is_torchscript(path):
         return (
-            "a TorchScript export, which torch.jit.load runs (Python or C++) and no segattn command opens; "
-            "give the checkpoint it was exported from"
+            "a TorchScript export, which eval and predict run but training cannot start from; give the "
+            "checkpoint it was exported from"
         )
     return None
 
