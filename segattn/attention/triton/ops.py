@@ -77,11 +77,6 @@ def floats(like: Tensor, *shape) -> Tensor:
     return torch.empty(shape, dtype=torch.float32, device=like.device)
 
 
-def context_like(k: Tensor, d: int, dv: int) -> Tensor:
-    """An extended context's buffer, [B·h, d + 1, dv + 1] fp32, for k [B, h, N, ·]."""
-    return floats(k, k.shape[0] * k.shape[1], d + 1, dv + 1)
-
-
 def band_sum() -> Callable[[Tensor], Tensor] | None:
     """The sum over the bands of a split image that runs between the kernels' two phases (then two
     launches); None outside a split (one launch)."""
@@ -266,7 +261,7 @@ def polarity_attention(
 @register_fake("segattn::polarity_attention")
 def _(q, k, v, power, eps):
     (batch, heads, tokens, d), half = q.shape, v.shape[-1] // 2
-    contexts = [context_like(k, 2 * d, width) for width in (half, v.shape[-1] - half)]
+    contexts = [floats(k, batch * heads, 2 * d + 1, width + 1) for width in (half, v.shape[-1] - half)]
     inv = [floats(q, batch * heads, tokens) for _ in contexts]
     return output_like(q, v), contexts[0], inv[0], contexts[1], inv[1]
 
