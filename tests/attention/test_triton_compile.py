@@ -4,10 +4,10 @@ compiler rejects (types of loop-carried values, shapes ``tl.dot`` refuses, share
 
 ``triton.compile`` to a cubin needs no device, only triton's bundled ptxas. It runs in a child process:
 this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` makes interpreted functions.
-Each feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each
-kernel with its branches on, the widest head dim with its block size, and the stats and focusing kernels. A
-second child counts the binaries a sweep of token counts needs, from Triton's own specialisation keys. The
-fused loss's kernels (``training.loss_kernels``) are checked for spills here too.
+Each feature map's forward and backward code is compiled once (``backward_kernel``'s second phase uses both),
+each kernel with its branches on, the widest head dim with its block size, and the stats and focusing
+kernels. A second child counts the binaries a sweep of token counts needs, from Triton's own specialisation
+keys. The fused loss's kernels (``training.loss_kernels``) are checked for spills here too.
 """
 
 from __future__ import annotations
@@ -21,16 +21,20 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
-FLOATS = {"scale", "eps", "map_eps", "power", "factor"}  # the kernels' float arguments; other scalars are i32
+# the kernels' float arguments; other scalars are i32
+FLOATS = {"q_scale", "q_eps", "k_scale", "k_eps", "eps", "power", "factor"}
 SM90 = 90
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100 block may use
 
 
 def arg_type(name: str, constants: dict, half: tuple[str, ...]) -> str:
     """A kernel argument's type by the kernels' naming: constants, ``*_ptr`` pointers (bf16 for the names
-    in ``half``, else fp32), ``FLOATS``, and i32 for every other scalar (sizes, strides)."""
+    in ``half``, i32 for the counters ``sync_ptr``, else fp32), ``FLOATS``, and i32 for every other scalar
+    (sizes, strides)."""
     if name in constants:
         return "constexpr"
+    if name == "sync_ptr":
+        return "*i32"
     if name.endswith("_ptr"):
         return "*bf16" if name in half else "*fp32"
     return "fp32" if name in FLOATS else "i32"
@@ -59,28 +63,28 @@ def compile_all() -> list[str]:
     fp32_wide = Blocks(128, 128, 16, 8, "ieee")  # fp32 heads of 128 with TF32 off
     inputs = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
     lines = []
-    for kind in range(K.POLARITY_SWAPPED + 1):
-        flags = {"KIND": kind, "HAS_BIAS": kind == K.L2}
-        lines.append(build(K.keys_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
-    lines.append(build(K.context_kernel, {**bf16.constants(), "KIND": K.ELU}, bf16.num_warps, inputs))
-    for normalized in (True, False):
+    for kind in range(K.POLARITY_SWAPPED + 1):  # every map forward and backward (the keys' half)
         flags = {
-            "KIND": K.FOCUS if normalized else K.SOFTMAX_D,
-            "NORMALIZED": normalized,
-            "HAS_BIAS": normalized,
+            "Q_KIND": kind,
+            "K_KIND": kind,
+            "NORMALIZED": True,
+            "HAS_BIAS": kind == K.L2,
+            "PHASES": K.BOTH,
         }
-        lines.append(
-            build(K.apply_kernel, {**bf16.constants(), **flags, "HAS_ADDEND": normalized}, 4, inputs)
-        )
-        lines.append(build(K.query_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+        lines.append(build(K.backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+    for query_kind, key_kind, normalized in ((K.FOCUS, K.FOCUS, True), (K.SOFTMAX_D, K.SOFTMAX_N, False)):
+        flags = {"Q_KIND": query_kind, "K_KIND": key_kind, "NORMALIZED": normalized, "HAS_BIAS": normalized}
+        constants = {**bf16.constants(), **flags, "PHASES": K.BOTH}
+        lines.append(build(K.forward_kernel, {**constants, "HAS_ADDEND": normalized}, 4, inputs))
+        if not normalized:
+            lines.append(build(K.backward_kernel, constants, bf16.num_warps, inputs))
     polarity = Blocks(64, 16, 32, 8, "tf32")  # pola's bf16 heads of 32: 64 features, half of v per call
-    flags = {"KIND": K.POLARITY, "NORMALIZED": True, "HAS_BIAS": False}
-    warps = polarity.num_warps
-    lines.append(build(K.context_kernel, {**polarity.constants(), "KIND": K.POLARITY}, warps, inputs))
-    lines.append(build(K.apply_kernel, {**polarity.constants(), **flags, "HAS_ADDEND": False}, warps, inputs))
-    lines.append(build(K.query_backward_kernel, {**polarity.constants(), **flags}, warps, inputs))
-    wide = {"KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True}
-    lines.append(build(K.query_backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
+    flags = {"Q_KIND": K.POLARITY, "K_KIND": K.POLARITY_SWAPPED, "NORMALIZED": True, "HAS_BIAS": False}
+    constants, warps = {**polarity.constants(), **flags, "PHASES": K.BOTH}, polarity.num_warps
+    lines.append(build(K.forward_kernel, {**constants, "HAS_ADDEND": False}, warps, inputs))
+    lines.append(build(K.backward_kernel, constants, warps, inputs))
+    wide = {"Q_KIND": K.L2, "K_KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True, "PHASES": K.BOTH}
+    lines.append(build(K.backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
     lines.append(build(K.key_softmax_stats_kernel, {"D": 32, "BLOCK_N": 64}, 4, inputs))
     width, block, warps = focus_blocks(512)
     for fn in (K.focus_stats_kernel, K.focus_backward_kernel):
@@ -96,12 +100,8 @@ def spills() -> list[str]:
     from segattn.attention.triton.launch import Tuning, planned_blocks
 
     half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
-    cases = {
-        K.query_backward_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False},
-        K.keys_backward_kernel: {"KIND": K.ELU, "HAS_BIAS": False},
-        K.apply_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False, "HAS_ADDEND": False},
-        K.context_kernel: {"KIND": K.ELU},
-    }
+    elu = {"Q_KIND": K.ELU, "K_KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False, "PHASES": K.BOTH}
+    cases = {K.backward_kernel: elu, K.forward_kernel: {**elu, "HAS_ADDEND": False}}
     lines = []
     for head, dtype in ((32, "bf16"), (64, "bf16"), (64, "fp32")):
         blocks = planned_blocks(head, head, dtype == "bf16", Tuning())
@@ -170,7 +170,7 @@ def test_no_kernel_spills_registers_at_the_planned_blocks() -> None:
     """Heads of 64 at 64 tokens a block and 4 warps spilled 648 bytes a thread in the query backward kernel
     (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64."""
     rows = [line.split() for line in run_child("spills").stdout.splitlines()]
-    assert len(rows) == 12, rows
+    assert len(rows) == 6, rows
     assert [row for row in rows if row[4] != "0"] == []
 
 
@@ -205,7 +205,7 @@ def variants_over_token_counts() -> list[str]:
 
             return launch
 
-    for name in ("context_kernel", "apply_kernel", "query_backward_kernel", "keys_backward_kernel"):
+    for name in ("forward_kernel", "backward_kernel"):
         setattr(kernels, name, Capture(getattr(kernels, name)))
     launch.planned_programs = lambda device, per_sm: (per_sm or 4) * 132
     phi = FeatureMap("elu")
@@ -229,14 +229,14 @@ def run_child(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_kernel_compiles_for_sm90() -> None:
     child = run_child()
-    assert len(child.stdout.splitlines()) == 21, child.stdout
+    assert len(child.stdout.splitlines()) == 18, child.stdout
 
 
 def test_a_new_token_count_reuses_the_compiled_kernels() -> None:
     """The integers that follow N are not specialised (``kernels.SPLIT_SIZES``): 22 binaries before, over
     these ten N, for one feature map, dtype and head dim."""
     child = run_child("variants")
-    expected = ["apply_kernel 1", "context_kernel 1", "keys_backward_kernel 1", "query_backward_kernel 1"]
+    expected = ["backward_kernel 1", "forward_kernel 1"]
     assert child.stdout.splitlines() == expected, child.stdout
 
 
