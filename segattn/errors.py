@@ -1,7 +1,7 @@
-"""The one error type of every refusal a user can act on, and the one table that turns the known third-party
-failures into it (``translate``). Each command maps them, once, at its entry (``segattn.cli`` for train,
-eval, predict, export and the doctor; ``segattn.bench.__main__`` for the bench) to one line on stderr and an
-exit status; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+"""The one error type of every refusal a user can act on, and ``translate`` for known third-party failures.
+
+Each command maps them once, at its entry (``segattn.cli``, which the bench uses too), to one line on stderr
+and an exit status; ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
 
 Exit statuses (docs/troubleshooting.md):
 
@@ -78,6 +78,7 @@ KNOWN: dict[str, tuple[str | None, type[SegattnError]]] = {
         "Lightning refused the trainer settings",
         ConfigError,
     ),
+    "mlflow.exceptions.MlflowException": ("MLflow refused logger.mlflow", ConfigError),
 }
 
 
@@ -87,9 +88,9 @@ def one_line(error: BaseException | str) -> str:
 
 
 def os_error(error: BaseException) -> OSError | None:
-    """The OSError of a full disk or a refused write in ``error`` or in what it was raised from or during:
-    torch.save reports a failed write as "RuntimeError: [enforce fail at inline_container.cc] unexpected
-    pos", with the OSError as its context."""
+    """The OSError of a full disk or a refused write in ``error``'s chain (cause or context): torch.save
+    reports a failed write as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", with the
+    OSError as its context."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:

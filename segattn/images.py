@@ -212,9 +212,9 @@ def _color(value: object) -> Color:
 def read_classes(path: Path) -> ClassList:
     """Parse a classes.json (a dataset's or an exported model's); DataError naming the file otherwise.
 
-    The forms of ``CLASSES_SCHEMA``: the names alone; one entry per class with id (0..K-1), name and
-    optional colour, plus an optional ignore colour (what ``write_classes`` writes); or names with a
-    parallel palette list (what exports wrote before).
+    The forms of ``CLASSES_SCHEMA``: the names alone; one entry per class with id (0..K-1), name and optional
+    colour, plus an optional ignore colour (``write_classes``'s form); or names with a parallel palette list
+    (older exports).
     """
     try:
         spec = json.loads(path.read_text())
@@ -253,8 +253,8 @@ DOWNSAMPLE = "an integer >= 1 (1: full resolution)"  # what data.downsample must
 
 
 def is_downsample(value: object) -> bool:
-    """``value`` is a valid ``data.downsample`` (``DOWNSAMPLE``): the schema's rule and the folder
-    dataset's."""
+    """Whether ``value`` is a valid ``data.downsample`` (``DOWNSAMPLE``); the schema and the folder dataset
+    both ask here."""
     return isinstance(value, Integral) and not isinstance(value, bool) and value >= 1
 
 

@@ -10,10 +10,9 @@ imported only for checkpoints and safetensors directories. Every image goes thro
 are named, skipped, and make the command exit with status 1 at the end.
 
 How an image is predicted is the ``inference`` config group, shared with train.py's validation and eval.py
-(``inference.mode=slide inference.crop=[512,512]``). In slide mode a TIFF input (GeoTIFF, BigTIFF) is
-streamed instead (``stream=true``, the default): read by
-window, inferred strip by strip and written as a tiled GeoTIFF mask with an overview PNG
-(``segattn.inference.raster_predict``), so its size is not limited by memory.
+(``inference.mode=slide inference.crop=[512,512]``). In slide mode a TIFF input (GeoTIFF, BigTIFF) is streamed
+(``stream=true``, the default): read by window, inferred strip by strip and written as a tiled GeoTIFF mask
+with an overview PNG (``segattn.inference.raster_predict``), so its size is not limited by memory.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ def streams(path: Path, args: DictConfig) -> bool:
 
 
 def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSettings:
-    """The streamed rasters' slide settings; ValueError naming the key when they cannot be streamed (checked
-    before the model is opened)."""
+    """The streamed rasters' slide settings, checked before the model is opened; ValueError naming the key
+    when they cannot be streamed."""
     from .tiling import slide_settings
 
     if is_onnx(model_path):
@@ -67,9 +66,8 @@ def planned_outputs(images: list[Path], rasters: list[Path], out: Path) -> list[
 
 
 def check_output_names(planned: list[tuple[Path, Path]]) -> None:
-    """Every input gets outputs of its own (``planned_outputs``); two inputs with one name (``a.png`` and
-    ``a.jpg``, or one file name in two folders of a glob) are a ValueError naming both, instead of the second
-    overwriting the first."""
+    """Refuse, with a ValueError naming both, two inputs whose outputs would share a name (``a.png`` and
+    ``a.jpg``, or one file name in two folders of a glob)."""
     seen: dict[Path, Path] = {}
     for source, target in planned:
         if target in seen:
@@ -81,8 +79,7 @@ def check_output_names(planned: list[tuple[Path, Path]]) -> None:
 
 
 def say_replaced(planned: list[tuple[Path, Path]], out: Path) -> None:
-    """Before anything is written: name the files of an earlier run in ``out`` that this one replaces (a
-    rerun into the same ``out=`` overwrites its own outputs, and says so instead of doing it silently)."""
+    """Print, before anything is written, the files of an earlier run in ``out`` that this run overwrites."""
     existing = [target for _, target in planned if target.exists()]
     if existing:
         names = ", ".join(str(path.relative_to(out)) for path in existing[:5])
@@ -153,10 +150,9 @@ def predict_files(
     drawn: list[int],
     num_workers: int,
 ) -> tuple[int, list[tuple[Path, str]]]:
-    """Masks and overlays (the ``drawn`` classes coloured) for every readable file by ``model.predict``
-    (which shrinks an image as the model was trained), ``inference.batch_size`` consecutive images at a time
-    (batched by size), written by a thread while the next batch runs; (written count, [(file, reason) for
-    skipped files])."""
+    """Write the mask and overlay (the ``drawn`` classes coloured) of every readable file; returns (written
+    count, [(file, reason) for skipped files]). ``model.predict`` takes ``inference.batch_size`` consecutive
+    images at a time (batched by size); a thread writes each batch while the next runs."""
     batch_size = model.settings(**inference)["batch_size"] or 1
     written, failed, batch = 0, [], []
     pending: Future[None] | None = None

@@ -94,7 +94,7 @@ class RasterImage:
 
 
 def check_pair(image: Path, mask: Path) -> None:
-    """An image raster and its label raster must cover the same grid: same size, CRS and transform."""
+    """Refuse (ValueError) an image raster and label raster that differ in size, CRS or transform."""
     with rasterio.open(image) as a, rasterio.open(mask) as b:
         if (a.height, a.width) != (b.height, b.width):
             raise ValueError(
@@ -144,10 +144,8 @@ def create_mask(path: Path, size: tuple[int, int], num_classes: int, geo: dict[s
 
 
 def write_rows(path: Path, top: int, mask: np.ndarray, palette: list[tuple[int, int, int]]) -> None:
-    """Write ``mask`` [rows, W] at row ``top`` and close, so the rows are on disk when this returns.
-
-    The palette is written as the band's colour table (8-bit masks), so GIS viewers show class colours.
-    """
+    """Write ``mask`` [rows, W] at row ``top`` and close, so the rows are on disk when this returns. 8-bit
+    masks get the palette as colour table, so GIS viewers show class colours."""
     with rasterio.open(path, "r+") as dataset:
         dataset.write(
             mask.astype(dataset.dtypes[0]), 1, window=RioWindow(0, top, mask.shape[1], mask.shape[0])

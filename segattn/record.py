@@ -1,13 +1,13 @@
-"""What a trained model is, without torch: ``ModelRecord``, and the one writer and one reader of each form it
-takes in a file: a checkpoint's ``ckpt["segattn"]`` (``to_checkpoint`` / ``from_checkpoint``), an exported
-directory's ``model.yaml`` + ``classes.json`` (``write_model_yaml`` / ``read_model_yaml``), ``model.onnx``'s
-``metadata_props["segattn"]`` (``to_onnx_metadata`` / ``from_onnx_metadata``) and ``model.pt``'s extra file
-``segattn.json`` with the same JSON (``to_torchscript_extra`` / ``from_torchscript_extra``).
+"""What a trained model is, without torch: ``ModelRecord``, and the one document that carries it in files.
 
-The checkpoint and ``model.yaml`` hold sections (``model``, ``data``, ``inference``, ``versions``); the JSON
-forms hold the flat ``to_dict()``. Every form carries ``format_version``; a reader refuses a newer one, and
-any bad value, in one line naming the file and the key. Readers of older files get the same defaults as
-before: ImageNet normalisation, the PASCAL palette, ignore index 255, no inference settings or versions.
+The document (``ModelRecord.document``) holds ``format_version``, ``model``, ``data``, ``inference`` and
+``versions``. One writer (``to_json``; ``to_checkpoint``) and one reader (``ModelRecord.read``) put it in a
+checkpoint's ``ckpt["segattn"]``, beside an exported ``model.safetensors`` as ``segattn.json``, in
+``model.onnx``'s ``metadata_props["segattn"]`` and in ``model.pt``'s extra file ``segattn.json``. The reader
+refuses a newer ``format_version``, and any bad value, in one line naming the file and the key. It also reads
+what earlier segattn wrote: the flat JSON of its ONNX and TorchScript exports, and files without
+``inference`` or ``versions``, with the same defaults as before: ImageNet normalisation, the PASCAL palette,
+ignore index 255.
 """
 
 from __future__ import annotations
@@ -18,34 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .errors import FileFormatError
+from .images import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD, Color, default_palette
 
-from .errors import FileFormatError, one_line
-from .files import atomic_write_text
-from .images import (
-    CLASSES_FILE,
-    IGNORE_INDEX,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Color,
-    default_palette,
-    read_classes,
-    write_classes,
-)
-
-FORMAT_VERSION = 1  # of every form below; readers accept it and older files without the key
-CHECKPOINT_KEY = "segattn"  # a checkpoint's section
-METADATA_KEY = "segattn"  # model.onnx's metadata_props key
-TORCHSCRIPT_EXTRA = "segattn.json"  # model.pt's extra file
-MODEL_FILE = "model.yaml"  # an exported directory's config and normalisation
+FORMAT_VERSION = 1  # of the document; the reader accepts it and older files without the key
+RECORD_KEY = "segattn"  # ckpt["segattn"] and model.onnx's metadata_props["segattn"]
+RECORD_FILE = "segattn.json"  # the document beside model.safetensors, and model.pt's extra file
 WEIGHTS_FILE = "model.safetensors"  # an exported directory's weights
 TORCHSCRIPT_FILE = "model.pt"  # a TorchScript export, which torch.jit.load runs
-MODEL_SOURCES = "a train.py .ckpt, an exported safetensors directory or a model.onnx"  # what opens
+MODEL_SOURCES = (  # what open_model opens
+    "a train.py .ckpt, an exported safetensors directory, a model.onnx or a TorchScript model.pt"
+)
 PLAIN_TYPES = (str, int, float, bool, type(None))
 
-# Each field of the record and the key that holds it in the sectioned forms (checkpoint, model.yaml) and
-# in the flat JSON form (ONNX, TorchScript).
-SECTION_KEYS = {
+# Each field of the record and the key of the document that holds it; FLAT_KEYS: where the flat JSON that
+# earlier ONNX and TorchScript exports carried holds it.
+DOCUMENT_KEYS = {
     "model": "model",
     "classes": "data.classes",
     "palette": "data.palette",
@@ -57,7 +45,7 @@ SECTION_KEYS = {
     "inference": "inference",
     "versions": "versions",
 }
-FLAT_KEYS = {**{field: field for field in SECTION_KEYS}, "dataset": "dataset"}
+FLAT_KEYS = {**{field: field for field in DOCUMENT_KEYS}, "dataset": "dataset"}
 
 
 def check_plain_config(value: Any, source: str, where: str = "model") -> None:
@@ -131,40 +119,40 @@ class ModelRecord:
         """The factor the training images were shrunk by (``data.downsample``; 1 when not recorded)."""
         return int((self.data_config or {}).get("downsample") or 1)
 
-    # The sectioned form: a checkpoint's section and model.yaml.
-
     @classmethod
-    def from_sections(cls, model: Mapping[str, Any], data: Mapping[str, Any], **rest: Any) -> ModelRecord:
-        """A record from ``model`` and ``data`` sections (``rest``: ``inference``, ``versions``); what
-        ``data`` leaves out takes the defaults (class names "0".."K-1", the PASCAL palette)."""
-        return parse({"model": model, "data": data, **rest}, SECTION_KEYS, "record")
+    def from_sections(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> ModelRecord:
+        """A record from a ``model`` config and a ``data`` section of the document; what ``data`` leaves out
+        takes the defaults (class names "0".."K-1", the PASCAL palette)."""
+        return parse({"model": model, "data": data}, "record")
 
-    def data_section(self) -> dict[str, Any]:
-        """``data`` of a checkpoint and of ``model.yaml``: plain lists and numbers only."""
-        return {
-            "name": self.dataset,
-            "config": self.data_config,
-            "classes": list(self.classes),
-            "palette": [list(colour) for colour in self.palette],
-            "ignore_index": self.ignore_index,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
-
-    def sections(self) -> dict[str, Any]:
-        """The sectioned form: ``format_version``, ``model``, ``data``, ``inference``, ``versions``."""
+    def document(self) -> dict[str, Any]:
+        """The record on disk: ``format_version``, ``model``, ``data``, ``inference``, ``versions`` (plain
+        lists, numbers and strings only)."""
         return {
             "format_version": FORMAT_VERSION,
             "model": dict(self.model),
-            "data": self.data_section(),
+            "data": {
+                "name": self.dataset,
+                "config": self.data_config,
+                "classes": list(self.classes),
+                "palette": [list(colour) for colour in self.palette],
+                "ignore_index": self.ignore_index,
+                "mean": list(self.mean),
+                "std": list(self.std),
+            },
             "inference": self.inference,
             "versions": optional_strings(self.versions),  # plain str: a weights_only load refuses subclasses
         }
 
+    def to_json(self) -> str:
+        """The document as JSON: ``segattn.json`` beside model.safetensors and in model.pt, model.onnx's
+        ``metadata_props["segattn"]``."""
+        return json.dumps(self.document())
+
     def to_checkpoint(self, checkpoint: dict[str, Any], **training: Any) -> None:
-        """Write ``checkpoint["segattn"]``: the sections and the training state ``training`` that is not part
+        """Write ``checkpoint["segattn"]``: the document and the training state ``training`` that is not part
         of the record (``wandb_run_id``, read back by ``checkpoint_entry``)."""
-        checkpoint[CHECKPOINT_KEY] = {**self.sections(), **training}
+        checkpoint[RECORD_KEY] = {**self.document(), **training}
 
     @classmethod
     def from_checkpoint(
@@ -173,120 +161,49 @@ class ModelRecord:
         """The record of a checkpoint read from ``path``; errors begin with ``<setting>=<path>`` where a
         setting (``ckpt_path``) named the file."""
         source = f"{setting}={path}" if setting else str(path)
-        section = checkpoint.get(CHECKPOINT_KEY)
-        if not isinstance(section, dict) or "model" not in section:
-            raise FileFormatError(
-                f"{source}: no ckpt['{CHECKPOINT_KEY}']['model'] entry, so the model it was trained with is "
-                "unknown; expected a checkpoint written by train.py",
-                path,
-            )
-        check_plain_config(section, source, CHECKPOINT_KEY)
-        return parse(section, SECTION_KEYS, source, CHECKPOINT_KEY)
-
-    def write_model_yaml(self, directory: Path) -> None:
-        """``directory/model.yaml`` (the sections; classes and palette left to ``classes.json``) and
-        ``directory/classes.json``, the form a dataset root holds."""
-        meta = self.sections()
-        meta["data"] = {
-            key: value for key, value in meta["data"].items() if key not in ("classes", "palette")
-        }
-        atomic_write_text(directory / MODEL_FILE, yaml.safe_dump(meta, sort_keys=False))
-        write_classes(directory, self.classes, self.palette)
+        return cls.read(
+            checkpoint.get(RECORD_KEY),
+            source,
+            RECORD_KEY,
+            f"ckpt['{RECORD_KEY}']['model'] entry, so the model it was trained with is unknown",
+            "expected a checkpoint written by train.py",
+        )
 
     @classmethod
-    def read_model_yaml(cls, directory: Path) -> ModelRecord:
-        """The record of an exported directory: ``model.yaml`` (``yaml.safe_load``: no Python tags) and, when
-        present, ``classes.json``."""
-        source = str(directory / MODEL_FILE)
-        try:
-            meta = yaml.safe_load((directory / MODEL_FILE).read_text())
-        except yaml.YAMLError as error:  # safe_load refuses python/object tags: they could run code
-            raise FileFormatError(f"{source}: not a plain YAML mapping: {one_line(error)}", source) from None
-        if not isinstance(meta, dict) or "model" not in meta:
-            raise FileFormatError(f"{source}: expected a mapping with a 'model' entry", source)
-        check_plain_config(meta, source, MODEL_FILE)
-        if (directory / CLASSES_FILE).is_file():
-            spec = read_classes(directory / CLASSES_FILE)
-            data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
-            meta = {**meta, "data": {**data, "classes": spec.names, "palette": spec.palette}}
-        return parse(meta, SECTION_KEYS, source)
-
-    # The flat form: the JSON embedded in model.onnx and model.pt.
-
-    def to_dict(self) -> dict[str, Any]:
-        """The flat form: the data section's entries beside ``model`` and ``num_classes``."""
-        section = self.data_section()
-        return {
-            "format_version": FORMAT_VERSION,
-            "num_classes": self.num_classes,
-            "classes": section["classes"],
-            "palette": section["palette"],
-            "mean": section["mean"],
-            "std": section["std"],
-            "ignore_index": self.ignore_index,
-            "model": dict(self.model),
-            "dataset": self.dataset,
-            "data_config": self.data_config,
-            "inference": self.inference,
-            "versions": self.versions,
-        }
-
-    @classmethod
-    def from_dict(cls, meta: Mapping[str, Any], source: str = "record", root: str = "") -> ModelRecord:
-        """A record from its flat form (``to_dict``); errors name ``source`` and keys under ``root``."""
-        if not isinstance(meta, dict) or "model" not in meta:
-            raise FileFormatError(
-                f"{source}: {root or 'the record'} is not a mapping with a 'model' entry", source
-            )
-        check_plain_config(meta, source, root or "record")
-        return parse(meta, FLAT_KEYS, source, root)
-
-    def to_onnx_metadata(self, **export: Any) -> str:
-        """``metadata_props["segattn"]`` of model.onnx: everything predict needs besides onnxruntime, numpy
-        and Pillow, and how the graph was exported (``export``: ``dynamic``, ``exporter``)."""
-        return json.dumps(self.to_dict() | export)
-
-    @classmethod
-    def from_onnx_metadata(cls, text: str | None, path: str | Path) -> ModelRecord:
-        """The record of model.onnx from its ``metadata_props["segattn"]`` (None: it has none)."""
-        return from_json(text, path, f"'{METADATA_KEY}' metadata", METADATA_KEY, "onnx")
-
-    def to_torchscript_extra(self, **export: Any) -> dict[str, str]:
-        """``_extra_files`` of ``torch.jit.save``: ``segattn.json``, the JSON of the ONNX metadata."""
-        return {TORCHSCRIPT_EXTRA: self.to_onnx_metadata(**export)}
-
-    @classmethod
-    def from_torchscript_extra(cls, extra: Mapping[str, str | bytes], path: str | Path) -> ModelRecord:
-        """The record of model.pt from the ``_extra_files`` that ``torch.jit.load`` filled (asked for as
-        ``{"segattn.json": ""}``, which stays empty when the file has none)."""
-        text = extra.get(TORCHSCRIPT_EXTRA) or None
-        text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        return from_json(text, path, f"extra file {TORCHSCRIPT_EXTRA}", TORCHSCRIPT_EXTRA, "torchscript")
-
-
-def from_json(text: str | None, path: str | Path, what: str, root: str, fmt: str) -> ModelRecord:
-    """The record in the JSON ``text`` that ``path`` carries as ``what`` (None: it carries none)."""
-    again = f"export it again with python -m segattn.export format={fmt}"
-    if text is None:
-        raise FileFormatError(f"{path}: no {what} (classes, mean, std); {again}", path)
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise FileFormatError(f"{path}: its {what} is not JSON ({error}); {again}", path) from None
-    return ModelRecord.from_dict(meta, str(path), root)
+    def read(
+        cls, content: Mapping[str, Any] | str | bytes | None, source: str, root: str, what: str, remedy: str
+    ) -> ModelRecord:
+        """The record in ``content`` (the document, or its JSON text) that ``source`` holds as ``what``
+        (``'segattn' metadata``), its keys named under ``root`` in errors (``segattn``; "" for a file that
+        is the document). None or a document without ``model``: a FileFormatError ending with ``remedy``,
+        like every other refusal, in one line naming ``source``."""
+        if isinstance(content, bytes):
+            content = content.decode("utf-8", "replace")
+        if isinstance(content, str):
+            try:
+                content = json.loads(content)
+            except json.JSONDecodeError as error:
+                message = f"{source}: its {what} is not JSON ({error}); {remedy}"
+                raise FileFormatError(message, source) from None
+        if not isinstance(content, dict) or "model" not in content:
+            raise FileFormatError(f"{source}: no {what}; {remedy}", source)
+        check_plain_config(content, source, root or Path(source).name)
+        return parse(content, source, root)
 
 
 def checkpoint_entry(checkpoint: Mapping[str, Any], key: str) -> Any:
     """An entry of a checkpoint's ``segattn`` section that is training state, not part of the record
     (``wandb_run_id``); None when absent."""
-    section = checkpoint.get(CHECKPOINT_KEY)
+    section = checkpoint.get(RECORD_KEY)
     return section.get(key) if isinstance(section, dict) else None
 
 
-def parse(content: Mapping[str, Any], keys: Mapping[str, str], source: str, root: str = "") -> ModelRecord:
-    """A record from one form's ``content`` (its fields under ``keys``); a FileFormatError naming ``source``
-    and the key (under ``root``) for a newer ``format_version`` or a value of the wrong kind."""
+def parse(content: Mapping[str, Any], source: str, root: str = "") -> ModelRecord:
+    """A record from a document (or the flat JSON of earlier exports: no ``data`` section); a FileFormatError
+    naming ``source`` and the key (under ``root``) for a newer ``format_version`` or a value of the wrong
+    kind."""
     where = f"{root}." if root else ""
+    keys = DOCUMENT_KEYS if "data" in content else FLAT_KEYS
 
     def get(field: str) -> Any:
         value: Any = content
@@ -387,11 +304,10 @@ def triple(value: Any) -> tuple[float, float, float]:
 
 
 __all__ = [
-    "CHECKPOINT_KEY",
     "FORMAT_VERSION",
-    "METADATA_KEY",
-    "MODEL_FILE",
-    "TORCHSCRIPT_EXTRA",
+    "RECORD_FILE",
+    "RECORD_KEY",
+    "TORCHSCRIPT_FILE",
     "WEIGHTS_FILE",
     "ModelRecord",
     "check_plain_config",

@@ -1,7 +1,8 @@
-"""segattn.record.ModelRecord: the defaults older files get, and its forms read back unchanged."""
+"""segattn.record.ModelRecord: the defaults older files get, and its document reads back unchanged."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -24,14 +25,43 @@ def test_sections_without_data_take_the_documented_defaults():
     assert ModelRecord.from_sections({"name": "vit", "num_classes": 2}, {}).attention == "softmax"
 
 
-def test_both_forms_read_back_the_same_record():
-    record = ModelRecord(
-        CONFIG, ["a", "b", "c"], [(1, 2, 3), (4, 5, 6), (7, 8, 9)], (0.5, 0.5, 0.5), (0.2, 0.2, 0.2), 7,
-        "folder", {"name": "folder", "root": "/data"},
-    )  # fmt: skip
-    assert ModelRecord.from_sections(record.model, record.data_section()) == record
-    assert ModelRecord.from_dict(record.to_dict()) == record
-    assert record.to_dict()["num_classes"] == 3 and record.data_section()["palette"][1] == [4, 5, 6]
+RECORD = ModelRecord(
+    CONFIG, ["a", "b", "c"], [(1, 2, 3), (4, 5, 6), (7, 8, 9)], (0.5, 0.5, 0.5), (0.2, 0.2, 0.2), 7,
+    "folder", {"name": "folder", "root": "/data"},
+)  # fmt: skip
+
+
+def read(content: object) -> ModelRecord:
+    return ModelRecord.read(content, "segattn.json", "", "segattn.json", "export it again")
+
+
+def test_the_document_reads_back_the_same_record_as_a_mapping_and_as_json():
+    document = RECORD.document()
+    assert ModelRecord.from_sections(RECORD.model, document["data"]) == RECORD
+    assert read(document) == RECORD and read(RECORD.to_json()) == RECORD
+    assert read(RECORD.to_json().encode()) == RECORD
+    assert document["model"]["num_classes"] == 3 and document["data"]["palette"][1] == [4, 5, 6]
+    assert json.loads(RECORD.to_json()) == document
+
+
+def test_the_flat_json_of_earlier_onnx_and_torchscript_exports_still_reads():
+    flat = {
+        "format_version": 1,
+        "num_classes": 3,
+        "classes": ["a", "b", "c"],
+        "palette": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.2, 0.2, 0.2],
+        "ignore_index": 7,
+        "model": CONFIG,
+        "dataset": "folder",
+        "data_config": {"name": "folder", "root": "/data"},
+        "inference": None,
+        "versions": None,
+        "dynamic": True,
+        "exporter": "dynamo",
+    }
+    assert read(json.dumps(flat)) == RECORD
 
 
 def test_the_record_imports_without_torch():

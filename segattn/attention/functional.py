@@ -86,19 +86,41 @@ class KernelCore:
 
 
 def run_kernel_core(
-    core: KernelCore, q: Tensor, k: Tensor, v: Tensor, backend: str | None, plain: Callable[[], Tensor]
+    core: KernelCore,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    backend: str | None,
+    plain: Callable[[Tensor, Tensor, Tensor], Tensor],
+    heads: int = 0,
 ) -> Tensor:
     """``core`` on q, k, v ([B, h, N, d]) on the path ``layers.choose_path`` picks under ``backend``: the
-    Triton kernels, the PyTorch Function (``fused.kernel``) or ``plain()``, the variant's plain formula.
-    A key softmax runs over all tokens: on a band of a split image only the plain formula takes it."""
+    Triton kernels, the PyTorch Function (``fused.kernel``) or ``plain(q, k, v)``, the variant's plain
+    formula. ``heads`` > 0: q, k, v and the result are [B, N, C] tensors of that many heads, which the
+    Triton kernels read through strides and the other paths split and merge. A key softmax runs over all
+    tokens: on a band of a split image only the plain formula takes it."""
     whole_image = core.key_map.name == "softmax_tokens"
-    path = choose_path(
-        backend, q, triton_head_dim=q.shape[-1], function=core.function, whole_image=whole_image
-    )
-    if path == PLAIN:
-        return plain()
+    head_dim = q.shape[-1] // heads if heads else q.shape[-1]
+    path = choose_path(backend, q, triton_head_dim=head_dim, function=core.function, whole_image=whole_image)
     if path == TRITON:
-        return kernel_attention_triton(q, k, v, core)
+        return kernel_attention_triton(q, k, v, core, heads)
+    if heads:
+        split = (x.unflatten(-1, (heads, head_dim)).transpose(1, 2) for x in (q, k, v))
+        return torch_core(path, core, *split, plain).transpose(1, 2).flatten(2)
+    return torch_core(path, core, q, k, v, plain)
+
+
+def torch_core(
+    path: str,
+    core: KernelCore,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    plain: Callable[[Tensor, Tensor, Tensor], Tensor],
+) -> Tensor:
+    """``run_kernel_core``'s PLAIN and FUNCTION paths on [B, h, N, d] tensors."""
+    if path == PLAIN:
+        return plain(q, k, v)
     options = {"eps": core.eps, "normalize": core.normalize, "taylor_term": core.taylor_term}
     phi_q, phi_k, factor = core.query_map.function_map(), core.key_map.function_map(), 1.0
     if core.mean and core.normalize:
@@ -146,7 +168,9 @@ def efficient_attention(
         core = KernelCore(FeatureMap("softmax_channels"), FeatureMap("softmax_tokens"), normalize=False)
     else:  # (q/√N)(k/√N)ᵀv: the context divided by N
         core = KernelCore(FeatureMap("identity"), FeatureMap("identity"), mean=True, normalize=False)
-    return run_kernel_core(core, q, k, v, backend, lambda: _efficient_attention(q, k, v, normalization))
+    return run_kernel_core(
+        core, q, k, v, backend, functools.partial(_efficient_attention, normalization=normalization)
+    )
 
 
 @full_precision
@@ -168,15 +192,23 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Ten
 
 
 def linear_attention(
-    q: Tensor, k: Tensor, v: Tensor, feature_map: str = "elu", eps: float = 1e-6, backend: str | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+    backend: str | None = None,
+    heads: int = 0,
 ) -> Tensor:
-    """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ."""
+    """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ; [B, N, C]
+    tensors of ``heads`` heads where that is > 0 (``run_kernel_core``)."""
     if feature_map not in LINEAR_FEATURE_MAPS:
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"
         )
     core = KernelCore(FeatureMap(feature_map), FeatureMap(feature_map), eps=eps)
-    return run_kernel_core(core, q, k, v, backend, lambda: _linear_attention(q, k, v, feature_map, eps))
+    plain = functools.partial(_linear_attention, feature_map=feature_map, eps=eps)
+    return run_kernel_core(core, q, k, v, backend, plain, heads)
 
 
 @full_precision
@@ -196,7 +228,7 @@ def taylor_attention(
     out_i = (Σ_j v_j + q̂_iᵀ Σ_j k̂_j v_jᵀ) / (N + q̂_iᵀ Σ_j k̂_j + eps); q̂ = q / max(‖q‖, eps).
     """
     core = KernelCore(FeatureMap("l2", eps=eps), FeatureMap("l2", eps=eps), eps=eps, taylor_term=True)
-    return run_kernel_core(core, q, k, v, backend, lambda: _taylor_attention(q, k, v, eps))
+    return run_kernel_core(core, q, k, v, backend, functools.partial(_taylor_attention, eps=eps))
 
 
 @full_precision
@@ -232,7 +264,7 @@ def focused_linear_attention(
     overflow at large N. q, k must already be non-negative (focused features).
     """
     core = KernelCore(FeatureMap("identity"), FeatureMap("identity"), mean=True, eps=eps)
-    return run_kernel_core(core, q, k, v, backend, lambda: _focused_linear_attention(q, k, v, eps))
+    return run_kernel_core(core, q, k, v, backend, functools.partial(_focused_linear_attention, eps=eps))
 
 
 @full_precision

@@ -28,7 +28,9 @@ def lite_linear_attention(
     if kernel not in LITE_KERNELS:
         raise ValueError(f"lite_linear_attention: kernel={kernel!r}; expected one of {LITE_KERNELS}")
     core = KernelCore(FeatureMap(kernel), FeatureMap(kernel), eps=eps, function=False)
-    return run_kernel_core(core, q, k, v, backend, lambda: _lite_linear_attention(q, k, v, kernel, eps))
+    return run_kernel_core(
+        core, q, k, v, backend, lambda q, k, v: _lite_linear_attention(q, k, v, kernel, eps)
+    )
 
 
 @full_precision

@@ -34,8 +34,9 @@ class LinearAttention(AttentionBase):
         self.feature_map = feature_map
         self.eps = eps
 
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        return linear_attention(q, k, v, self.feature_map, self.eps, self.kernel_backend)
+    def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
+        """[B, N, C] in and out: the Triton kernels read the heads through strides (no views around them)."""
+        return linear_attention(q, k, v, self.feature_map, self.eps, self.kernel_backend, self.num_heads)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map}"

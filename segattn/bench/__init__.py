@@ -1,6 +1,5 @@
-"""The benchmark command ``python -m segattn.bench {op,model,maxres,all}``: speed, memory and reach.
+"""The benchmark command ``python -m segattn.bench <part>``: speed, memory and reach, one part at a time.
 
-``op`` times each attention variant's token mixing against the memory-traffic floor, ``model`` times a
-full training step, ``maxres`` finds the largest image that trains in a memory budget. Each part prints a
-table and writes CSV + PNG into the run directory.
+``--help`` lists the parts (``__main__``'s docstring), ``<part> --help`` a part's keys. Each part prints its
+tables and writes CSV (and PNG plots where it has them) into its output folder.
 """

@@ -1,11 +1,11 @@
 """``bench maxres spatial=[P]``: a probe that trains one image split into P bands across P processes.
 
-The probe child starts P gloo processes on this machine. Each builds the same model, holds the whole batch
-(as ``trainer=spatial`` does after sharing it) and trains its band for the probe's steps; its own peak
-memory and the bytes it sent through the band collectives in the last step come back. The probe's peak is
-the largest process's: the budget is per process, as a GPU's memory is. With ``device=cuda`` the P
-processes share that one GPU (gloo, which NCCL's one-process-per-GPU rule does not bind; the halo
-messages go through host memory), so a single GPU measures P bands against one process.
+The probe child starts P gloo processes on this machine. Each builds the same model, holds the whole batch (as
+``trainer=spatial`` does after sharing it) and trains its band; its peak memory and the bytes it sent through
+the band collectives in the last step come back. The probe's peak is the largest process's: the budget is per
+process, as a GPU's memory is. With ``device=cuda`` the P processes share the one GPU (gloo is not bound by
+NCCL's one-process-per-GPU rule; halos go through host memory), so a single GPU measures P bands against one
+process.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """``bench maxres``: the largest square image that trains at batch 1 within a memory budget.
 
 Each probe is two training steps (as in ``bench model``) in a fresh child whose allocations are capped a
-little above the budget, so an oversized probe fails with an allocation error instead of starving the
-machine. A probe fits when it finishes and its peak memory (weights, optimizer state, activations) is
-within the budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``.
-The peaks of the fitting probes also give a linear fit (bytes = a + b·pixels) that predicts the maxres
-for a larger budget than this machine has (``extrapolate_gib``), reported as an extrapolation. Each
-variant runs eager and, with ``compile=true``, compiled (a compiled probe compiles on a throwaway step first),
-on each kernel path of ``kernels``, as ``bench model`` labels them; ``peak_bytes_per_mpx`` is the largest
-fitting probe's peak per megapixel.
+little above the budget, so an oversized probe fails with an allocation error rather than starving the
+machine. A probe fits when it finishes with its peak memory (weights, optimizer state, activations) within the
+budget. Sizes double from ``start`` until a probe fails, then bisect on multiples of ``step``. A linear fit of
+the fitting probes' peaks (bytes = a + b·pixels) extrapolates the maxres to a budget larger than this machine
+has (``extrapolate_gib``). Variants run eager and, with ``compile=true``, compiled, on each kernel path of
+``kernels``, labelled as in ``bench model``; ``peak_bytes_per_mpx`` is the largest fitting probe's peak per
+megapixel.
 """
 
 from __future__ import annotations
@@ -54,9 +53,9 @@ class MaxresSettings:
 
 
 def probe_child(task: dict[str, Any], emit: Emit) -> None:
-    """Child process: training steps at ``task['size']`` under a memory guard, with the allocator settings
-    a training run in this environment has, so the peak is the one training reaches; emits the peak and
-    the last step's time."""
+    """Child process: training steps at ``task['size']`` under a memory guard; emits the peak and the last
+    step's time. The allocator is set as a training run in this environment sets it, so the peak is
+    training's."""
     reuse_freed_memory()
     device = torch.device(task["device"])
     guard_memory(device, task["guard"])
@@ -143,9 +142,8 @@ def find_maxres(
     budget: int,
     device: torch.device,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Bisect one (model, variant, checkpointing, bands); return its result row and the probe history.
-    The budget is per process; with ``bands`` processes on this machine each is guarded at its share of
-    what is free."""
+    """Bisect one (model, variant, checkpointing, bands); returns its result row and the probe history. The
+    budget is per process; each of ``bands`` processes is guarded at its share of what is free."""
     task = {"kwargs": build_kwargs(model, variant), "device": str(device), "budget": budget}
     task |= {"compiled": variant.compiled, "kernel": variant.kernel}
     task["guard"] = min(

@@ -1,11 +1,9 @@
 """Timing, peak memory and isolated child processes: the measuring primitives every bench part shares.
 
-Peak memory is measured in a child forked from a server that has already imported torch and segattn,
-so every configuration starts from a clean allocator without paying the imports again. On CPU the peak
-is the ``ru_maxrss`` high-water mark (reset between configurations through ``/proc/self/clear_refs``)
-minus the resident size before the configuration ran; on CUDA it is ``max_memory_allocated`` minus the
-bytes allocated before. A child gets a hard memory guard so that an oversized probe fails cleanly with
-an allocation error instead of pulling the whole machine into the OOM killer.
+Peak memory is measured in a child forked from a server that has already imported torch and segattn, so every
+configuration starts from a clean allocator without paying the imports again (``PeakMemory`` says what the
+peak is). A child gets a hard memory guard, so an oversized probe fails with an allocation error rather than
+pulling the machine into the OOM killer.
 """
 
 from __future__ import annotations
@@ -124,10 +122,11 @@ def reset_cpu_peak() -> bool:
 
 
 class PeakMemory:
-    """Context manager: ``.peak`` = peak bytes allocated inside the block above the level at entry.
+    """Context manager: ``.peak`` = peak bytes inside the block above the level at entry.
 
-    Without a peak reset (non-Linux CPU) ``ru_maxrss`` is the process's lifetime mark, which is still
-    right for configurations run in ascending size order in a fresh process.
+    On CUDA ``max_memory_allocated``; on the CPU the resident high-water mark (``ru_maxrss``, reset at entry
+    where Linux allows it). Without a reset ``ru_maxrss`` is the process's lifetime mark, still right for
+    configurations run in ascending size order in a fresh process.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -209,12 +208,10 @@ def _forkserver() -> Any:
 def run_isolated(
     fn: Callable[[dict[str, Any], Emit], None], task: dict[str, Any], timeout: float, daemon: bool = True
 ) -> tuple[list[dict[str, Any]], str]:
-    """Run ``fn(task, emit)`` in a fresh child with this process's thread count; return what it emitted
-    and how it ended. A child that starts processes of its own must not be a ``daemon``.
-
-    The ending is ``ok``, ``timeout`` (killed after ``timeout`` seconds) or ``killed (exit N)`` when
-    the child died without reporting (e.g. the OOM killer). ``fn`` must be a module-level function.
-    """
+    """Run ``fn(task, emit)`` (a module-level function) in a fresh child with this process's thread count;
+    returns what it emitted and how it ended: ``ok``, ``timeout`` (killed after ``timeout`` seconds) or
+    ``killed (exit N)`` (died without reporting, e.g. the OOM killer). A child that starts processes of its
+    own must not be a ``daemon``."""
     context = _forkserver()
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(fn, task, torch.get_num_threads(), sender), daemon=daemon)
@@ -250,9 +247,9 @@ def fill_peaks(
     task: dict[str, Any],
     timeout: float,
 ) -> None:
-    """Run a memory ``child`` on ``task`` in a fresh process; it emits ``{key: …, "peak_bytes": …}`` per
-    configuration (``key``: one column or several), which lands in the row with the same values. Rows it
-    never reached get a note why."""
+    """Fill ``peak_bytes`` of ``rows`` from a memory ``child`` run on ``task`` in a fresh process; it emits
+    ``{key: …, "peak_bytes": …}`` per configuration (``key``: one column or several), matched to rows by those
+    values. Rows it never reached get a note why."""
     keys = (key,) if isinstance(key, str) else key
     messages, ending = run_isolated(child, task, timeout)
     peaks = {

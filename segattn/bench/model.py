@@ -1,14 +1,13 @@
 """``bench model``: one full training step (forward, the training module's loss, backward, AdamW step) per
 model and variant.
 
-A variant's options go to the attention when it accepts them and to the model family otherwise, so ``{name:
-softmax, sr_ratios: [1,1,1,1]}`` is PVT with softmax and no spatial reduction. Each variant runs as the user
-would run it: eager and, with ``compile=true``, compiled (``linear+compile``), on each kernel path of
-``kernels`` (SEGATTN_KERNEL while the model is built: ``linear@torch``, ``linear@triton``). Images are square
-(``2048``) or not (``4288x2848``, width x height), at each batch of ``batch``. Steps of all rows at one image
-size and batch are timed round-robin after warm-up rounds that include compilation; peak memory (weights,
-optimizer state and activations, also per megapixel of the batch) comes from a fresh child per (model,
-variant).
+A variant's options go to the attention when it accepts them, else to the model family: ``{name: softmax,
+sr_ratios: [1,1,1,1]}`` is PVT with softmax and no spatial reduction. Each variant runs eager and, with
+``compile=true``, compiled (``linear+compile``), on each kernel path of ``kernels`` (SEGATTN_KERNEL while the
+model is built: ``linear@torch``, ``linear@triton``). Images are square (``2048``) or WIDTHxHEIGHT
+(``4288x2848``), at each batch of ``batch``. The rows of one size and batch are timed round-robin after
+warm-up rounds that include compilation; peak memory (weights, optimizer state, activations; also per
+megapixel of the batch) comes from a fresh child per (model, variant).
 """
 
 from __future__ import annotations
@@ -125,9 +124,8 @@ class Classes:
 
 
 def training_module(kwargs: dict[str, Any], loss: dict[str, Any] | None = None) -> SegmentationModule:
-    """The LightningModule train.py trains (``training.run.build_module``) around the network of
-    ``build_model`` kwargs (``build_kwargs``): train.py's config with that model and attention, for its
-    number of classes; ``loss``: keys of conf/loss over the default's (``chunk_rows``)."""
+    """train.py's LightningModule (``training.run.build_module``) around the network of ``build_model`` kwargs
+    (``build_kwargs``); ``loss``: conf/loss keys over the default's (``chunk_rows``)."""
     from ..cli import compose_command
     from ..config import plain
     from ..training.run import build_module
@@ -144,10 +142,9 @@ def training_module(kwargs: dict[str, Any], loss: dict[str, Any] | None = None) 
 
 
 class TrainStep:
-    """A training module (``training_module``), its AdamW optimizer and one random batch of ``size`` (a side
-    or (height, width)); calling it runs one training step of the module's own loss (``head_losses``, with
-    the network compiled in place when ``compiled``; its first steps compile), on the ``kernel`` path (a
-    SEGATTN_KERNEL value)."""
+    """One training step to call: a ``training_module`` with the module's own loss (``head_losses``), its
+    AdamW optimizer and one random batch of ``size`` (a side or (height, width)). ``compiled`` compiles the
+    network in place (its first steps compile); ``kernel`` is the SEGATTN_KERNEL value it is built under."""
 
     def __init__(
         self,

@@ -1,31 +1,27 @@
 """``bench op``: each variant's token mixing alone against the memory-traffic floor of the same size.
 
-The op is ``module.mix_tokens(q, k, v, hw)`` on [B, N, C] inputs, i.e. everything between the shared qkv
-and output projections: head split/merge, feature maps, kernel products, normaliser and variant extras
-(FLatten's focusing map and depthwise conv, LiteMLA's multi-scale aggregation, whose extra heads widen
-the output to (1 + S)·C). q, k, v are the three column blocks of one [B, N, 3C] tensor, as the qkv
-projection produces them; variants that reduce keys/values in ``project`` (spatial reduction) get their
-reduced k, v from an untimed ``project`` call.
+The op is ``module.mix_tokens(q, k, v, hw)`` on [B, N, C] inputs: everything between the shared qkv and output
+projections (head split/merge, feature maps, kernel products, normaliser and variant extras such as FLatten's
+focusing map and depthwise conv, or LiteMLA's multi-scale aggregation, whose extra heads widen the output to
+(1 + S)·C). q, k, v are the column blocks of one [B, N, 3C] tensor, as the qkv projection makes them; variants
+that reduce keys/values in ``project`` get theirs from an untimed ``project`` call.
 
-The floor is ``torch.addcmul(q, k, v, out=buf)`` on the same q, k, v: one elementwise pass that reads the
-three inputs and writes a [B, N, C] result into an existing buffer, i.e. exactly the bytes any attention
-must move, at the best bandwidth the device gives an op (no fresh allocation, no page faults). A
-variant's ratio is time / floor for the forward and time / (2·floor) for forward+backward.
+References (``floors``):
+- ``floor``: ``torch.addcmul(q, k, v, out=buf)``, one elementwise pass into an existing buffer that moves
+  exactly the bytes any attention must, at the best bandwidth the device gives an op. A variant's ratio is
+  time / floor forward, time / (2·floor) forward+backward.
+- ``matmuls``: the batched matmuls a kernel-product linear attention cannot avoid (forward φ(K)ᵀ[V | 1] and
+  φ(Q)·context, backward four more), head-major, contiguous, fp32 (the variants' compute dtype). At small
+  widths these, not the bytes, set the pace.
+- ``copy_floor_seconds`` (in the ``floor`` row): those bytes at the device's copy bandwidth
+  (``copy_bandwidth``), the lower bound of any attention; the ``floor`` op also pays a launch.
 
-At small widths the kernel products, not the bytes, set the pace: the ``matmuls`` row times the batched
-matmuls a kernel-product linear attention cannot avoid (forward: φ(K)ᵀ[V | 1] and φ(Q)·context; backward:
-four more), head-major, contiguous and in fp32 (the dtype the variants compute in), with nothing else.
-
-The copy floor (column ``copy_floor_seconds``, shown in the ``floor`` row) is the time the bytes a linear
-attention must move take at the device's copy bandwidth, measured once on a copy large enough to be
-bandwidth-bound (``copy_bandwidth``): the lower bound of any attention, where the ``floor`` op, one small
-elementwise pass, also pays a launch. ``kernels`` times each variant with a Triton
-path once per implementation (``<variant>@torch``, ``<variant>@triton``; SEGATTN_KERNEL as a module
-attribute), and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block, warps,
-reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
-``compile=true`` adds the plain formulas under torch.compile (which never run the Triton kernels).
-Every timed configuration gets at least ``MIN_REPEATS`` repeats after warm-up calls that include
-compilation; one call per variant is then profiled into host and device time (``profile``).
+``kernels`` times a variant with a Triton path once per implementation (``<variant>@torch``,
+``<variant>@triton``) and once per launch tuning asked for (``<variant>@triton:128x8x4``: tokens per block,
+warps, reduction programs per multiprocessor; ``launch.Tuning``), the sweep its defaults are chosen from;
+``compile=true`` adds the plain formulas under torch.compile (which never runs the Triton kernels). Every
+configuration gets at least ``MIN_REPEATS`` timed repeats after warm-up calls that include compilation; one
+call per variant is then profiled into host and device time (``profile``).
 """
 
 from __future__ import annotations
@@ -91,8 +87,9 @@ class OpSettings:
 
 
 def labelled_variants(settings: OpSettings) -> list[tuple[str, Spec, str]]:
-    """(label, spec, kernel backend) of every timed module: a variant with a Triton path once per kernel
-    of ``settings.kernels`` (label ``<spec>@<kernel>`` when there are several), others once ("auto")."""
+    """(label, spec, kernel backend) of every timed module: an eager variant with a Triton path once per
+    kernel of ``settings.kernels`` (``<spec>@<kernel>`` when several), others once ("auto"); with
+    ``cuda_graphs``, a ``+graphs`` twin of each eager one."""
     out = []
     for spec in settings.variants:
         has_triton = attention_class(spec.name).triton_path and not spec.compiled
@@ -128,8 +125,8 @@ def launch_sizes(kernel: str) -> contextlib.AbstractContextManager:
 
 
 class OpCase:
-    """One variant's ``mix_tokens`` at one size, dtype and mode, with inputs allocated and ready to call
-    (under the launch tuning of ``kernel``, forward and backward)."""
+    """One variant's ``mix_tokens`` at one size, dtype and mode, inputs allocated, ready to call forward and
+    backward under ``kernel``'s launch tuning."""
 
     def __init__(
         self,

@@ -60,8 +60,7 @@ class PredictSettings:
 
 
 def random_model(directory: Path) -> Path:
-    """A pvt-b0 (linear attention, 2 classes) with random weights, exported as safetensors into
-    ``directory``."""
+    """A random pvt-b0 (linear attention, 2 classes) exported as safetensors into ``directory``."""
     torch.manual_seed(0)
     network = build_model("pvt", num_classes=2, attention="linear", size="b0").eval()
     record = ModelRecord(network.config, ["background", "plant"], default_palette(2), dataset="generated")

@@ -1,12 +1,11 @@
 """Streaming prediction of a generated gigapixel GeoTIFF: peak resident memory and windows per second.
 
-The raster (tiled, deflate-compressed RGB, 256-pixel tiles, a UTM CRS) is written strip by strip, so
-making it needs no more memory than predicting it. A tiny random ViT is exported next to it and
-``python -m segattn.predict`` runs on it in a child process, which reports its own peak resident set
-(``segattn.bench.peak``: the whole command from import to the renamed mask, so nothing the command does
-escapes the number). The same command on a one-window raster gives its fixed part (imports,
-model, a first forward pass); the difference is what streaming the wide raster holds. windows/s counts
-the slide windows over the large run's wall time, start-up included.
+The raster (tiled, deflate-compressed RGB, 256-pixel tiles, a UTM CRS) is written strip by strip, so making it
+needs no more memory than predicting it. ``python -m segattn.predict`` runs a tiny random ViT on it in a child
+that reports its own peak resident set (``segattn.bench.peak``: the whole command, from import to the renamed
+mask). The same command on a one-window raster gives the fixed part (imports, model, a first forward pass);
+the difference is what streaming the wide raster holds. windows/s counts the slide windows over the large
+run's wall time, start-up included.
 """
 
 from __future__ import annotations

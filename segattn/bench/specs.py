@@ -48,10 +48,9 @@ def with_kernels(specs: list[Spec], kernels: list[str]) -> list[Spec]:
 
 
 def compile_options() -> dict[str, Any]:
-    """``torch.compile`` keyword arguments of every compiled case: one graph per size, dtype and mode (the
-    fixed-shape code a training run at one crop size gets). A bench compiles the same code at many sizes:
-    allow that many graphs, and fail rather than time eager code under a ``+compile`` label past the limit.
-    """
+    """``torch.compile`` keyword arguments of every compiled case: one fixed-shape graph per size, dtype and
+    mode, as a training run at one crop size gets. The recompile limit is raised for a bench's many sizes, and
+    hitting it fails rather than timing eager code under a ``+compile`` label."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

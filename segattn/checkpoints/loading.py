@@ -1,32 +1,40 @@
 """Save and rebuild trained models without Lightning or Hydra, and without running code found in files.
 
-Three sources: a Lightning checkpoint from ``train.py`` (weights under ``state_dict`` with prefix ``model.``,
-its ``ModelRecord`` under ``ckpt["segattn"]``), an exported directory (``model.safetensors`` +
-``model.yaml`` + ``classes.json``) and a Hugging Face SegFormer folder (``config.json`` + weights). All
-load tensors with ``weights_only=True`` / safetensors and rebuild the network with ``build_model``,
-where every name is looked up in a registry; import paths are never followed.
-``segattn.inference.trained.open_model`` opens any of them (or an ONNX file) for the commands.
+Three sources rebuilt from registry names: a Lightning checkpoint from ``train.py`` (weights under
+``state_dict`` with prefix ``model.``, its ``ModelRecord`` under ``ckpt["segattn"]``), an exported directory
+(``model.safetensors`` + ``segattn.json``) and a Hugging Face SegFormer folder (``config.json`` + weights).
+All load tensors with ``weights_only=True`` / safetensors and rebuild the network with ``build_model``,
+where every name is looked up in a registry; import paths are never followed. A TorchScript export is a
+program, loaded by ``torch.jit.load`` as it is. ``segattn.inference.trained.open_model`` opens any of them
+(or an ONNX file) for the commands.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
 from torch import Tensor, nn
 
-from ..errors import FileFormatError
-from ..files import atomic_write
+from ..errors import FileFormatError, one_line
+from ..files import atomic_write, atomic_write_text
+from ..images import CLASSES_FILE, read_classes
 from ..record import (
     FORMAT_VERSION,
-    MODEL_FILE,
     MODEL_SOURCES,
+    RECORD_FILE,
+    TORCHSCRIPT_FILE,
     WEIGHTS_FILE,
     ModelRecord,
     check_plain_config,
 )
 from .resume import other_model_kind, read_checkpoint, wrong_kind
+
+PREVIOUS_RECORD_FILE = "model.yaml"  # the record of a folder exported before segattn.json, with classes.json
 
 
 def rebuild(config: dict[str, Any], source: str) -> nn.Module:
@@ -70,30 +78,69 @@ def load_checkpoint(path: Path) -> tuple[nn.Module, ModelRecord]:
 
 
 def load_exported(directory: Path) -> tuple[nn.Module, ModelRecord]:
-    """An exported directory: ``model.yaml`` (safe_load), ``model.safetensors`` and ``classes.json``."""
+    """An exported directory: ``segattn.json`` (or an earlier export's ``model.yaml`` and ``classes.json``)
+    and ``model.safetensors``."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model as load_safetensors
 
-    if not (directory / MODEL_FILE).is_file() and other_model_kind("checkpoint", directory):
+    again = "export it again with python -m segattn.export format=safetensors"
+    previous = not (directory / RECORD_FILE).is_file() and (directory / PREVIOUS_RECORD_FILE).is_file()
+    source = directory / (PREVIOUS_RECORD_FILE if previous else RECORD_FILE)
+    if not source.is_file() and other_model_kind("checkpoint", directory):
         raise wrong_kind("checkpoint", directory, MODEL_SOURCES)
-    for name in (MODEL_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
+    for path in (source, directory / WEIGHTS_FILE):
+        if not path.is_file():
             raise FileNotFoundError(
-                f"{directory}: missing {name}; an exported model directory holds {MODEL_FILE}, "
-                f"{WEIGHTS_FILE} and classes.json (python -m segattn.export format=safetensors)"
+                f"{directory}: missing {path.name}; an exported model directory holds {WEIGHTS_FILE} and "
+                f"{RECORD_FILE} (python -m segattn.export format=safetensors)"
             )
-    record = ModelRecord.read_model_yaml(directory)
-    model = rebuild(record.model, str(directory / MODEL_FILE))
+    content = previous_export_record(directory) if previous else source.read_text()
+    record = ModelRecord.read(content, str(source), "", source.name, again)
+    model = rebuild(record.model, str(source))
     weights = directory / WEIGHTS_FILE
     try:
         load_weights(lambda: load_safetensors(model, weights, strict=False), str(weights))
     except SafetensorError as error:  # truncated, or not a safetensors file at all
         raise FileFormatError(
-            f"{weights}: not a readable safetensors file ({error}); export it again with "
-            "python -m segattn.export format=safetensors",
-            weights,
+            f"{weights}: not a readable safetensors file ({error}); {again}", weights
         ) from None
     return model.eval(), record
+
+
+def previous_export_record(directory: Path) -> Any:
+    """The record document of a folder exported before ``segattn.json``: its ``model.yaml``
+    (``yaml.safe_load``: no Python tags) with the classes and palette of its ``classes.json``."""
+    source = directory / PREVIOUS_RECORD_FILE
+    try:
+        meta = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as error:  # safe_load refuses python/object tags: they could run code
+        raise FileFormatError(f"{source}: not a plain YAML mapping: {one_line(error)}", source) from None
+    if isinstance(meta, dict) and (directory / CLASSES_FILE).is_file():
+        spec = read_classes(directory / CLASSES_FILE)
+        data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+        meta = {**meta, "data": {**data, "classes": spec.names, "palette": spec.palette}}
+    return meta
+
+
+def load_torchscript(path: Path, device: str) -> tuple[nn.Module, ModelRecord]:
+    """A TorchScript export (``model.pt`` or the folder holding it) loaded by ``torch.jit.load`` onto
+    ``device``, and the record in its extra file ``segattn.json``."""
+    file = path / TORCHSCRIPT_FILE if path.is_dir() else path
+    again = "export it again with python -m segattn.export format=torchscript"
+    extra = {RECORD_FILE: ""}  # filled by torch.jit.load; stays empty when the file has none
+    try:
+        with warnings.catch_warnings():
+            # torch.jit is marked deprecated in favour of torch.export; it still loads fine.
+            warnings.simplefilter("ignore", FutureWarning)
+            network = torch.jit.load(str(file), map_location=device, _extra_files=extra)
+    except RuntimeError as error:
+        raise FileFormatError(
+            f"{file}: not a TorchScript module torch.jit.load reads ({one_line(error)}); {again}", file
+        ) from None
+    record = ModelRecord.read(
+        extra[RECORD_FILE] or None, str(file), RECORD_FILE, f"extra file {RECORD_FILE}", again
+    )
+    return network.eval(), record
 
 
 def load_segformer_folder(directory: Path) -> tuple[nn.Module, ModelRecord]:
@@ -130,7 +177,7 @@ def stored_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 
 def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> None:
-    """Write ``model.safetensors``, ``model.yaml`` (config, normalisation) and ``classes.json``."""
+    """Write ``model.safetensors`` and ``segattn.json``, the record."""
     from safetensors.torch import save
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -139,7 +186,14 @@ def save_exported(model: nn.Module, record: ModelRecord, directory: Path) -> Non
     # library's own writer reported it as an unreadable file).
     data = save(stored_tensors(model), metadata)
     atomic_write(directory / WEIGHTS_FILE, lambda handle: handle.write(data))
-    record.write_model_yaml(directory)
+    atomic_write_text(directory / RECORD_FILE, record.to_json())
 
 
-__all__ = ["check_plain_config", "load_checkpoint", "load_exported", "load_segformer_folder", "save_exported"]
+__all__ = [
+    "check_plain_config",
+    "load_checkpoint",
+    "load_exported",
+    "load_segformer_folder",
+    "load_torchscript",
+    "save_exported",
+]

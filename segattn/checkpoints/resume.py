@@ -1,4 +1,4 @@
-"""Everything segattn reads from a checkpoint file or adds to one, in one place.
+"""Reading a train.py checkpoint file, and what resume and ``init_from`` take from it or add to it.
 
 Files are always opened with ``weights_only=True`` (plain tensors and containers, never code), so
 anything stored here must be tensors, numbers, strings, lists or dicts.
@@ -25,10 +25,9 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives
 
 
 def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]:
-    """A checkpoint's contents on the CPU, unpickled with ``weights_only=True``; tensors are memory-mapped,
-    so reading only the metadata of a large checkpoint stays cheap. ``key`` (``ckpt_path``, ``init_from``)
-    names the setting in errors: a missing, empty, truncated or foreign file, or one that is not a
-    Lightning checkpoint, fails with the path and what was expected."""
+    """A checkpoint's contents on the CPU, tensors memory-mapped (reading only a large file's metadata stays
+    cheap). A missing, empty, truncated or foreign file, or one that is not a Lightning checkpoint, is an
+    error naming ``key`` (``ckpt_path``, ``init_from``), the path and what was expected."""
     path = Path(path)
     if path.is_dir():
         raise wrong_kind(key, path, CHECKPOINT_FILE)
@@ -72,7 +71,12 @@ def read_checkpoint(path: str | Path, key: str = "checkpoint") -> dict[str, Any]
 
 
 def is_torchscript(path: Path) -> bool:
-    """Whether the zip archive ``path`` is a TorchScript module (``torch.jit.save``: it holds ``code/``)."""
+    """Whether ``path`` is a TorchScript module (a zip archive holding ``code/``, as ``torch.jit.save``
+    writes) or a folder holding ``model.pt`` and no safetensors export."""
+    if path.is_dir():
+        return (path / TORCHSCRIPT_FILE).is_file() and not (path / WEIGHTS_FILE).is_file()
+    if not zipfile.is_zipfile(path):
+        return False
     with zipfile.ZipFile(path) as archive:
         return any(name.split("/")[1:2] == ["code"] for name in archive.namelist())
 
@@ -83,10 +87,10 @@ def other_model_kind(key: str, path: Path) -> str | None:
     if path.is_dir() and ((path / "checkpoints").is_dir() or (path / ".hydra").is_dir()):
         best = path / "checkpoints" / "best.ckpt"
         return f"a train.py run folder; give one of its checkpoints: {key}={best} (or last.ckpt)"
-    if (path / TORCHSCRIPT_FILE).is_file() or (path.is_file() and is_torchscript(path)):
+    if is_torchscript(path):
         return (
-            "a TorchScript export, which torch.jit.load runs (Python or C++) and no segattn command opens; "
-            "give the checkpoint it was exported from"
+            "a TorchScript export, which eval and predict run but training cannot start from; give the "
+            "checkpoint it was exported from"
         )
     return None
 
@@ -101,9 +105,9 @@ def wrong_kind(key: str, path: Path, expected: str) -> ValueError:
 
 
 def find_last_checkpoint(log_dir: str | Path, exclude: str | Path | None = None) -> Path | None:
-    """The most recently modified ``last.ckpt`` anywhere under ``log_dir`` (runs and sweeps alike),
-    ignoring files under ``exclude``. Checkpoints are written without version suffixes
-    (``enable_version_counter: false``), so a run's latest state is always named ``last.ckpt``."""
+    """The most recently modified ``last.ckpt`` under ``log_dir`` (runs and sweeps alike), ignoring files
+    under ``exclude``. Checkpoints have no version suffixes (``enable_version_counter: false``), so a run's
+    latest state is always ``last.ckpt``."""
     excluded = Path(exclude).resolve() if exclude else None
     candidates = [
         path

@@ -82,9 +82,10 @@ class SegDataModule(pl.LightningDataModule):
     to a multiple of ``size_divisor`` (the training run sets the model's stride) and made of images of
     one size; ``whole_image_sizes`` refuses a split of mixed sizes when ``batch_size`` > 1.
 
-    ``augment`` (``data.augment``): a list of albumentations transforms by ``_target_`` that replaces the
-    flips, rotation and colour ``hflip``, ``vflip``, ``rotate`` and ``photometric`` set; checked here, so a
-    misspelt transform or argument is refused before anything is built (``transforms.build_augment``).
+    ``augment`` (``data.augment``): albumentations transforms, a list by ``_target_`` or albumentations'
+    serialised form, that replace the flips, rotation and colour ``hflip``, ``vflip``, ``rotate`` and
+    ``photometric`` set; checked here, so a misspelt transform or argument is refused before anything is
+    built (``transforms.build_augment``).
     """
 
     def __init__(

@@ -11,9 +11,9 @@ pipeline: each item is one window of an image and its mask, handed to the same t
 - Other splits are cut into a grid of ``window_size`` tiles (smaller at the right and bottom border), so
   every pixel counts once: validation during training scores tiles; eval.py streams whole rasters.
 
-torchgeo's RasterDataset and samplers index rasters by geographic bounds (an R-tree over CRS extents)
-and resample to a common CRS; segattn's pairs already share one pixel grid, so windows are plain pixel
-offsets and the pair check below (size, CRS, transform) is all the geography needed.
+Unlike torchgeo, which indexes rasters by geographic bounds and resamples to a common CRS, a pair here already
+shares one pixel grid: windows are pixel offsets, and the pair check (size, CRS, transform) is all the
+geography needed.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def read_labels(path: Path, window: Window) -> np.ndarray:
 
 
 def grid_windows(height: int, width: int, size: tuple[int, int]) -> list[Window]:
-    """Non-overlapping tiles of ``size`` covering the raster, row-major; the last row and column of tiles
-    are cut at the border (smaller), so every pixel is in exactly one tile."""
+    """Non-overlapping tiles of ``size`` covering the raster, row-major, cut smaller at the border: every
+    pixel is in exactly one tile."""
     return [
         (top, min(top + size[0], height), left, min(left + size[1], width))
         for top in range(0, height, size[0])
@@ -82,8 +82,7 @@ def random_windows(
 
 
 class RasterWindows(SegDatasetBase):
-    """Items are windows of image/mask raster pairs: ``{"image", "mask", "path"}`` as every dataset's,
-    ``path`` naming the image and the window."""
+    """Items from windows of image/mask raster pairs; ``path`` names the image and the window."""
 
     def __init__(
         self,

@@ -3,10 +3,10 @@
 Train: RandomResize(ratio_range) → CatMaxRatioCrop → augmentation → Normalize → pad to the crop size
 (image 0, i.e. the mean colour after normalisation; mask ignore index). The augmentation is HorizontalFlip
 (→ VerticalFlip → Rotate, when set) → photometric distortion, or the albumentations transforms
-``data.augment`` lists (``build_augment``). Datasets that read crop windows themselves (``windows.py``) get
-the same pipeline without the resize and the crop. Whole images (``crop_size=None``,
-``data.crop_size=null``): no resize, crop or padding; the augmentation still applies, and the collate
-function pads each batch to the model's stride.
+``data.augment`` names, by ``_target_`` or in albumentations' serialised form (``build_augment``).
+Datasets that read crop windows themselves (``windows.py``) get the same pipeline without the resize and
+the crop. Whole images (``crop_size=None``, ``data.crop_size=null``): no resize, crop or padding; the
+augmentation still applies, and the collate function pads each batch to the model's stride.
 Images are resized bilinearly and masks with nearest neighbour, so masks keep their exact label values;
 OpenCV's INTER_NEAREST_EXACT samples at pixel centres like INTER_LINEAR (plain INTER_NEAREST is shifted by
 up to half a source pixel, which misaligns masks when downscaling).
@@ -119,41 +119,72 @@ AUGMENT_ENTRY = (
     "a mapping with the _target_ of an albumentations transform and its arguments, e.g. "
     "{_target_: albumentations.HorizontalFlip, p: 0.5}"
 )
+SERIALISED_ENTRY = "a transform as A.to_dict writes it, {__class_fullname__: <name>, <argument>: <value>}"
 
 
-def augment_class(key: str, entry: Any) -> type[A.BasicTransform]:
-    """The albumentations transform class entry ``key`` of ``data.augment`` names by its ``_target_``
-    (``albumentations.HorizontalFlip``): a ConfigError naming the key when the entry is not a mapping with
-    a ``_target_`` or albumentations has no transform of that name (with the nearest names)."""
-    target = entry.get("_target_") if isinstance(entry, Mapping) else None
-    if not isinstance(target, str):
-        raise ConfigError(f"{key}={entry!r}: expected {AUGMENT_ENTRY}")
-    name = target.removeprefix("albumentations.")
+def augment_class(key: str, name: str, kinds: tuple[type, ...] = (A.BasicTransform,)) -> type:
+    """The albumentations class ``name`` (``HorizontalFlip`` or ``albumentations.HorizontalFlip``), named by
+    entry ``key`` of ``data.augment``: a ConfigError naming the key when albumentations has no class of
+    ``kinds`` by that name (with the nearest names)."""
+    name = name.removeprefix("albumentations.")
     found = getattr(A, name, None)
-    if not (isinstance(found, type) and issubclass(found, A.BasicTransform)):
-        names = [n for n, v in vars(A).items() if isinstance(v, type) and issubclass(v, A.BasicTransform)]
+    if not (isinstance(found, type) and issubclass(found, kinds)):
+        names = [n for n, v in vars(A).items() if isinstance(v, type) and issubclass(v, kinds)]
         close = difflib.get_close_matches(name, names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"{key}: albumentations has no transform {name!r}{hint}")
     return found
 
 
-def build_augment(entries: Sequence[Mapping[str, Any]], key: str = "data.augment") -> list[A.BasicTransform]:
-    """The transforms the ``data.augment`` list names, in its order: each entry a ``_target_``
-    (``albumentations.<Transform>``) and that transform's arguments. An entry that names no transform, an
-    argument the transform does not take or a value it refuses is a ConfigError naming the entry."""
+def check_arguments(where: str, found: type, names: Sequence[str]) -> None:
+    """Each of ``names`` is an argument of transform class ``found``: else a ConfigError naming ``where``."""
+    takes = inspect.signature(found).parameters
+    for name in names:
+        if name not in takes:
+            raise ConfigError(f"{where}: unexpected argument {name!r}; it takes {', '.join(takes)}")
+
+
+def check_serialised(key: str, node: Any) -> None:
+    """Transform ``node`` of albumentations' serialised form, and each of its ``transforms`` (a OneOf's,
+    a Compose's), names an albumentations class and only arguments it takes: else a ConfigError naming it."""
+    name = node.get("__class_fullname__") if isinstance(node, Mapping) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"{key}={node!r}: expected {SERIALISED_ENTRY}")
+    found = augment_class(key, name, (A.BasicTransform, A.BaseCompose))
+    check_arguments(f"{key} {found.__name__}", found, [n for n in node if n != "__class_fullname__"])
+    for index, child in enumerate(node.get("transforms") or []):
+        check_serialised(f"{key}.transforms[{index}]", child)
+
+
+def build_augment(
+    entries: Sequence[Mapping[str, Any]] | Mapping[str, Any], key: str = "data.augment"
+) -> list[A.BasicTransform | A.BaseCompose]:
+    """The transforms ``data.augment`` describes, in its order: a list of entries, each a ``_target_``
+    (``albumentations.<Transform>``) and that transform's arguments; or albumentations' own serialised
+    pipeline (``A.to_dict``'s ``{__version__, transform: {__class_fullname__: Compose, transforms: [...]}}``),
+    checked transform by transform, then read by ``A.from_dict`` as one step. An entry that names no
+    transform, an argument a transform does not take or a value it refuses is a ConfigError naming it."""
+    if isinstance(entries, Mapping) and "transform" in entries:
+        check_serialised(f"{key}.transform", entries["transform"])
+        try:
+            return [A.from_dict(entries)]
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{key}: albumentations refused it: {one_line(error)}") from None
     if not isinstance(entries, Sequence) or isinstance(entries, str):
-        raise ConfigError(f"{key}={entries!r}: expected a list of {AUGMENT_ENTRY}, or null for the default")
+        raise ConfigError(
+            f"{key}={entries!r}: expected a list of {AUGMENT_ENTRY}; or albumentations' serialised pipeline "
+            "(A.to_dict's: __version__, transform); or null for the default"
+        )
     transforms = []
     for index, entry in enumerate(entries):
         where = f"{key}[{index}]"
-        found = augment_class(where, entry)
+        target = entry.get("_target_") if isinstance(entry, Mapping) else None
+        if not isinstance(target, str):
+            raise ConfigError(f"{where}={entry!r}: expected {AUGMENT_ENTRY}")
+        found = augment_class(where, target)
         where = f"{where} {found.__name__}"
         arguments = {name: value for name, value in entry.items() if name != "_target_"}
-        takes = inspect.signature(found).parameters
-        for name in arguments:
-            if name not in takes:
-                raise ConfigError(f"{where}: unexpected argument {name!r}; it takes {', '.join(takes)}")
+        check_arguments(where, found, list(arguments))
         try:
             transforms.append(found(**arguments))
         except (TypeError, ValueError) as error:
@@ -195,11 +226,11 @@ def build_train_transform(
     vflip: float = 0.0,
     rotate: float = 0.0,
     cropped: bool = False,
-    augment: Sequence[Mapping[str, Any]] | None = None,
+    augment: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
 ) -> A.Compose:
     """The training pipeline; ``crop_size`` is (height, width) (``SegDataModule.crop_size``), or None for
     whole images (no resize, crop or padding: ``ratio_range``, ``base_size``, ``cat_max_ratio`` unused).
-    ``augment``: the ``data.augment`` entries (``build_augment``) that replace the augmentation
+    ``augment``: ``data.augment``, the transforms (``build_augment``) that replace the augmentation
     ``default_augment`` builds from ``hflip``, ``vflip``, ``rotate`` and ``photometric``. ``cropped``: the
     dataset has already scaled and cropped (no RandomResize, no crop)."""
     whole = crop_size is None

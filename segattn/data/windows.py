@@ -1,25 +1,20 @@
 """Training crops read as windows of decoded large images, centred on foreground part of the time.
 
-For images far larger than a training crop, the crop is chosen first and only its window is read (from
-``DecodedCache``'s memory maps) and resized; the image is never decoded or rescaled whole for a step.
+For images far larger than a crop, only the crop's window is read (from ``DecodedCache``'s memory maps) and
+resized; the image is never decoded or rescaled whole for a step. Per item: a scale r from ``ratio_range``
+(the crop shows crop_size / r cached pixels, resized by r); then, with probability ``foreground_prob``, a
+class drawn uniformly among the non-``background`` classes present and one of its pixels
+(``DecodedCache.positions``), which lands at a uniformly random spot inside the window; otherwise a uniform
+window. The window is clipped to the image and the transform pads the rest (image 0, mask ignore).
 
-How a crop is drawn, per item:
-1. a scale r from ``ratio_range`` (the crop shows crop_size / r pixels of the cached image, resized by r);
-2. with probability ``foreground_prob``, a class drawn uniformly among the classes other than
-   ``background`` present in the image, then one of that class's pixels (``DecodedCache.positions``); the
-   window is placed so that this pixel lands at a uniformly random spot inside it. Otherwise the window is
-   placed uniformly at random;
-3. the window is clipped to the image; what is missing is padded by the transform (image 0, mask ignore).
+Why: lesions such as IDRiD's microaneurysms are 0.1 % of the pixels and the black border outside the eye a
+third of the image, so uniform crops are almost all background and a rare class reaches few steps. Drawing the
+class first, then a pixel (nnU-Net's foreground oversampling), gives every lesion type the same share of
+foreground crops however few pixels it has; the uniform rest keeps the background in proportion, so the model
+does not learn that every crop holds a lesion.
 
-Why: lesions such as IDRiD's microaneurysms are 0.1 % of the pixels and the black border outside the eye
-is a third of the image, so uniform crops are almost all background and a rare class reaches few steps.
-Drawing the class first, then a pixel (the foreground oversampling of nnU-Net), gives every lesion type
-the same share of the foreground crops however few pixels it has; the uniform rest keeps the background
-(border, vessels, optic disc surroundings) in proportion, so the model does not learn that every crop
-holds a lesion.
-
-The randomness comes from the transform's Python RNG (``A.Compose.py_random``), which the DataModule
-seeds per worker and rank (``transforms.reseed_transform``): crops and augmentations share one stream.
+The randomness is the transform's Python RNG (``A.Compose.py_random``), seeded per worker and rank by the
+DataModule (``transforms.reseed_transform``): crops and augmentations share one stream.
 """
 
 from __future__ import annotations
@@ -58,9 +53,8 @@ class CachedDataset(SegDatasetBase):
         return str(self.samples[index].image)
 
     def image_size(self, index: int) -> tuple[int, int]:
-        """The size of the image shrunk by ``factor``, from the source file's header. An image whose sides
-        ``factor`` does not divide is a ValueError (``images.indivisible``): predict refuses such images,
-        so a model trained on them could not segment its own dataset."""
+        """The image's size shrunk by ``factor``, from the file header; sides ``factor`` does not divide are a
+        ValueError (``images.indivisible`` says why)."""
         height, width = read_image_size(self.samples[index].image)
         if problem := indivisible(height, width, self.factor):
             raise ValueError(
@@ -131,9 +125,8 @@ class WindowCropDataset(CachedDataset):
 
 
 class WholeImageDataset(CachedDataset):
-    """Training items of whole cached images, image and mask both shrunk by ``factor``
-    (``data.crop_size=null``), followed by ``transform`` (flips, rotation, colour, normalisation; no
-    scale or crop). The collate function pads a batch to the model's stride."""
+    """Training items of whole cached images (``data.crop_size=null``), image and mask shrunk by ``factor``,
+    then ``transform`` (no scale or crop). The collate function pads a batch to the model's stride."""
 
     def load_image(self, index: int) -> np.ndarray:
         return np.asarray(self.cache.image(self.samples[index], self.factor))

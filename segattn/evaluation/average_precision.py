@@ -96,10 +96,9 @@ class AveragePrecisionMetric(Metric):
 def score_logits(
     logits: Tensor, masks: Tensor, metric: SegmentationMetric, ap: AveragePrecisionMetric
 ) -> Tensor:
-    """Add a batch of logits [B, K, h, w] to the IoU ``metric`` (argmax) and to ``ap`` (softmax) against
-    ``masks`` [B, H, W]; logits smaller than the masks (a dataset read at ``data.downsample``) are resized
-    bilinearly to them first. Returns the predicted class ids [B, H, W]. Validation, the test step and
-    eval.py all score through here."""
+    """Score logits [B, K, h, w] against ``masks`` [B, H, W]: argmax into ``metric``, softmax into ``ap``;
+    returns the predicted ids [B, H, W]. Logits smaller than the masks (``data.downsample``) are resized
+    bilinearly first. Validation, the test step and eval.py all score through here."""
     logits = logits.float()
     if logits.shape[-2:] != masks.shape[-2:]:
         logits = F.interpolate(logits, masks.shape[-2:], mode="bilinear", align_corners=False)
@@ -110,8 +109,8 @@ def score_logits(
 
 
 def class_ids(names: Sequence[str] | str | None, classes: Sequence[str], key: str) -> list[int] | None:
-    """Class indices of ``names`` (None stays None; one name alone, as ``key=sky`` gives it, is a list of
-    one, not of its letters); an unknown name is a ValueError naming ``key``."""
+    """Class indices of ``names``, or None for None; one name alone (``key=sky``) is a list of one.
+    An unknown name is a ValueError naming ``key``."""
     if names is None:
         return None
     if isinstance(names, str):

@@ -36,10 +36,10 @@ from .rasters import score_rasters
 
 
 def data_config(cfg: DictConfig, record: ModelRecord) -> dict[str, Any]:
-    """The data config to evaluate on: ``data=<name>``'s file when one was picked, otherwise the config
-    recorded in the checkpoint (or, for exports without one, its dataset's config file), with every key the
-    command line set (``data.root=...``) on top; a recorded ``num_workers`` is capped at this machine's cores.
-    The model's own normalisation always wins."""
+    """The data config to evaluate on, with the command line's ``data.*`` keys on top. The base is
+    ``data=<name>``'s file if given, else the checkpoint's recorded config (an export without one: its
+    dataset's file). A recorded ``num_workers`` is capped at this machine's cores; the model's normalisation
+    always wins."""
     given = {key: value for key, value in plain(cfg.data).items() if value is not None}
     if "mean" in cfg.data:  # data=<name> merged a complete dataset file over eval.yaml's two keys
         data = given
@@ -78,8 +78,8 @@ def check_classes(datamodule: SegDataModule, record: ModelRecord, cfg: DictConfi
 
 
 def build_loader(datamodule: SegDataModule, split: str, share: tuple[int, int] = (0, 1)) -> DataLoader:
-    """The split with the evaluation transform, batched as validation batches it; ``share`` = (index,
-    count): every count-th image from the index-th, the share of one of ``count`` processes."""
+    """A loader of ``split`` with the evaluation transform, batched as validation batches it. ``share`` =
+    (index, count): every count-th image from the index-th, one of ``count`` processes' share."""
     try:
         dataset = datamodule.source.dataset(split, datamodule.eval_transform)
     except (DataError, ValueError) as error:
@@ -120,8 +120,7 @@ def score_loader(
     show_progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Add every batch of ``loader`` to ``metric`` and ``ap``; returns the first ``num_examples`` images as
-    examples. Masks larger than their images (``data.downsample``) are scored at the masks' resolution,
-    the logits resized bilinearly to them, as validation does."""
+    examples (image resized to its mask)."""
     examples: list[dict[str, Any]] = []
     with Progress(transient=False, disable=not show_progress) as bar:
         task = bar.add_task(f"evaluating {split}", total=len(loader.dataset))
@@ -143,8 +142,8 @@ def score_loader(
 
 
 def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
-    """Check ``cfg``'s values once (``config.check_values``, keys typed by ``defaults`` where given), load
-    the model, score ``cfg.split`` and write the report into the run dir; returns metrics.json."""
+    """Evaluate ``cfg.checkpoint`` on ``cfg.split`` and write the report into the run dir; returns
+    metrics.json's content. The values are checked here, once (``defaults`` types the keys)."""
     check_values(cfg, "eval", defaults)
     inference = plain(cfg.inference)
     if cfg.threads:
@@ -208,10 +207,9 @@ def run(cfg: DictConfig, defaults: DictConfig | None = None) -> dict[str, Any]:
 
 
 def process_devices(device: str, count: int) -> list[str]:
-    """The device of each of ``count`` evaluating processes (``devices``): one CUDA device each, cuda:0 to
-    cuda:<count - 1>, where ``device`` is a CUDA device (auto on a machine with one, or cuda); the CPU for all
-    otherwise. More processes than CUDA devices, or several with one named device (cuda:N), is a
-    ValueError naming the settings."""
+    """The device of each of ``count`` evaluating processes: cuda:0..cuda:<count - 1> when ``device`` is
+    cuda (or auto with CUDA), else the CPU for all. More processes than CUDA devices, or several with a
+    named cuda:N, is a ValueError naming the settings."""
     first = torch_device(device)
     if count == 1 or first == "cpu":
         return [first] * count
@@ -228,7 +226,7 @@ def process_devices(device: str, count: int) -> list[str]:
 
 
 def score_share(task: dict[str, Any], index: int, results: Any) -> None:
-    """The ``index``-th share of the split, scored in a process of its own on ``task["devices"][index]``:
+    """Score the ``index``-th share of the split in this spawned process, on ``task["devices"][index]``:
     puts (index, the metrics' summed states) on ``results``, or (index, the error's line)."""
     try:
         model = open_model(Path(task["checkpoint"]), task["threads"], task["devices"][index])
@@ -245,9 +243,9 @@ def score_share(task: dict[str, Any], index: int, results: Any) -> None:
 
 
 class OtherShares:
-    """The shares of the split beyond the first, scored by ``len(task["devices"]) - 1`` spawned processes
-    while this one scores its own; ``add_to`` sums their counts into this process's metrics, as the
-    synced sums of validation add up over ranks (confusion counts and AP histograms are sums)."""
+    """The split's other shares, scored by ``len(task["devices"]) - 1`` spawned processes beside this one;
+    ``add_to`` sums their counts (confusion, AP histograms) into this process's metrics, as validation's
+    synced sums add up over ranks."""
 
     def __init__(self, task: dict[str, Any]) -> None:
         self.task, self.processes = task, []
@@ -265,7 +263,7 @@ class OtherShares:
         return self
 
     def add_to(self, metric: SegmentationMetric, ap: AveragePrecisionMetric) -> int:
-        """Wait for every other share; add its counts to ``metric`` and ``ap``; the number of its images."""
+        """Wait for every other share and add its counts to ``metric`` and ``ap``; returns their images."""
         images = 0
         for _ in self.processes:
             index, result = self.results.get()

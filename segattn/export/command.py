@@ -4,9 +4,9 @@
 
 Every export is checked against PyTorch on two input sizes (the second non-square, batch 2): the command
 prints the max abs difference and fails above ``atol``. The model's record (``segattn.record.ModelRecord``:
-config, classes, palette, normalisation, inference settings, versions) travels once in every format:
-``model.yaml`` + ``classes.json`` beside the safetensors weights, inside ``model.onnx`` (metadata_props) and
-``model.pt`` (extra file ``segattn.json``), so each of those files alone is enough.
+config, classes, palette, normalisation, inference settings, versions) travels once in every format, as
+the same JSON document: ``segattn.json`` beside the safetensors weights, inside ``model.onnx``
+(metadata_props) and ``model.pt`` (extra file ``segattn.json``).
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def run(args: DictConfig) -> int:
         torch.set_num_threads(args.threads)  # PyTorch and onnxruntime (latency report) alike
     try:
         opened = open_model(args.checkpoint, device="cpu")  # export and its check run on the CPU
-        if opened.network is None:
+        if opened.format in ("onnx", "torchscript"):
             path = args.checkpoint
             raise ValueError(
-                f"{path}: an ONNX model runs in onnxruntime: python -m segattn.predict checkpoint={path}"
+                f"{path}: a model exported to {opened.format} runs as it is (python -m segattn.predict "
+                f"checkpoint={path}); export from the checkpoint it came from"
             )
         start = time.perf_counter()
         doing = f"exporting {args.checkpoint} as {args.format} to {args.out} at {args.height}x{args.width}"

@@ -22,7 +22,7 @@ from ..attention import attention_class
 from ..files import replacing
 from ..inference.onnx import ONNX_FILE
 from ..inference.trained import open_model
-from ..record import METADATA_KEY, ModelRecord
+from ..record import RECORD_KEY, ModelRecord
 from .verify import ExportError, check_sizes, compare, latency, run_opened, trace_size
 from .wrapper import ExportWrapper
 
@@ -99,9 +99,7 @@ def onnx_attempt(
     with replacing(path) as temp:  # model.onnx appears complete, metadata included, or not at all
         torch_onnx_export(wrapper, example, temp, opset, exporter, dynamic)
         proto = onnx.load(str(temp))
-        proto.metadata_props.add(
-            key=METADATA_KEY, value=record.to_onnx_metadata(dynamic=dynamic, exporter=exporter)
-        )
+        proto.metadata_props.add(key=RECORD_KEY, value=record.to_json())
         onnx.save(proto, str(temp))
     # Opened as eval and predict open it, with torch's thread count: the latency compares like with like.
     opened = open_model(path, threads=torch.get_num_threads(), device="cpu")

@@ -1,4 +1,4 @@
-"""model.safetensors with model.yaml and classes.json: the weights for segattn's own loader."""
+"""model.safetensors with segattn.json, the record: the weights for segattn's own loader."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .wrapper import ExportWrapper
 def export_safetensors(
     model: nn.Module, record: ModelRecord, out: Path, size: tuple[int, int]
 ) -> dict[str, Any]:
-    """model.safetensors + model.yaml + classes.json, reopened by ``open_model`` as eval and predict open
+    """model.safetensors + segattn.json, reopened by ``open_model`` as eval and predict open
     it; must match exactly."""
     name = record.attention
     save_exported(model, record, out)

@@ -1,4 +1,5 @@
-"""model.pt: the model traced to TorchScript, with the model's record in its extra file ``segattn.json``."""
+"""model.pt: the model traced to TorchScript, with the model's record in its extra file ``segattn.json``;
+checked as eval and predict run it (``open_model``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 from torch import nn
 
 from ..files import atomic_write
-from ..record import TORCHSCRIPT_FILE, ModelRecord
-from .verify import ExportError, check_sizes, compare, trace_size
+from ..inference.trained import open_model
+from ..record import RECORD_FILE, TORCHSCRIPT_FILE, ModelRecord
+from .verify import ExportError, check_sizes, compare, run_opened, trace_size
 from .wrapper import ExportWrapper
 
 
@@ -37,8 +39,7 @@ def export_torchscript(
         # Serialised in memory, then written by Python: torch.jit.save's own C++ writer aborts the process
         # on a full disk (status 134) and leaves its partial file.
         buffer = io.BytesIO()
-        torch.jit.save(traced, buffer, _extra_files=record.to_torchscript_extra(exporter="trace"))
+        torch.jit.save(traced, buffer, _extra_files={RECORD_FILE: record.to_json()})
         atomic_write(path, lambda handle: handle.write(buffer.getbuffer()))
-        loaded = torch.jit.load(str(path))
-    results = compare(wrapper, loaded, check_sizes(*size), atol, label)
+    results = compare(wrapper, run_opened(open_model(path, device="cpu")), check_sizes(*size), atol, label)
     return {"format": "torchscript", "attention": name, "checks": results}

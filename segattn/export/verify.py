@@ -1,6 +1,6 @@
 """Proof that an export reproduces PyTorch: the sizes it is checked and traced at, the max abs difference
-on random inputs of each, and a CPU latency comparison. A file ``open_model`` reads (ONNX, safetensors) is
-checked as eval and predict run it, through ``TrainedModel.run``."""
+on random inputs of each, and a CPU latency comparison. Each export is checked as eval and predict run it:
+opened by ``open_model``, run through ``TrainedModel.run``."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FileFormatError, one_line
-from ..record import METADATA_KEY, ModelRecord
+from ..record import RECORD_KEY, ModelRecord
 from ..tiling import default_stride, slide_windows
 from .device import CUDA_PROVIDER, onnx_providers
 
@@ -47,8 +47,8 @@ class OnnxSegmentor:
         if device not in ("auto", "cpu") and not on_cuda:
             raise ValueError(f"device={device}: onnxruntime-gpu found no CUDA device here; use device=cpu")
         self.device = f"cuda:{providers[0][1]['device_id']}" if on_cuda else "cpu"
-        raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-        self.record = ModelRecord.from_onnx_metadata(raw, self.path)
+        raw = self.session.get_modelmeta().custom_metadata_map.get(RECORD_KEY)
+        self.record = ModelRecord.read(raw, str(self.path), RECORD_KEY, f"'{RECORD_KEY}' metadata", again)
         self.input_name = self.session.get_inputs()[0].name
         _, _, height, width = self.session.get_inputs()[0].shape
         self.fixed_size = (height, width) if isinstance(height, int) and isinstance(width, int) else None
@@ -117,4 +117,4 @@ def infer_numpy(
     return logits[..., :height, :width]
 
 
-__all__ = ["METADATA_KEY", "ONNX_FILE", "OnnxSegmentor", "infer_numpy", "slide_numpy"]
+__all__ = ["ONNX_FILE", "OnnxSegmentor", "infer_numpy", "slide_numpy"]

@@ -1,9 +1,11 @@
-"""``open_model(path, device=...)``: a train.py checkpoint, an exported directory or an ONNX file, opened to
-run on a device; ``TrainedModel.predict`` / ``.logits``: one way to run it on an image or a batch of them.
+"""``open_model(path, device=...)``: a train.py checkpoint or an export (safetensors, ONNX, TorchScript),
+opened to run on a device; ``TrainedModel.predict`` / ``.logits``: one way to run it on an image or a batch
+of them.
 
 eval, predict (streamed rasters included) and export open every model here, so each accepts the same
 files and says the same thing about a wrong one. A checkpoint or a safetensors directory is rebuilt in
-torch (``segattn.checkpoints.loading``, ``weights_only=True``); an ONNX model gets an onnxruntime session
+torch (``segattn.checkpoints.loading``, ``weights_only=True``) and a TorchScript export loaded by
+``torch.jit.load``; both run through the same torch inference. An ONNX model gets an onnxruntime session
 and torch is never imported, so predict runs where torch is not installed.
 
     import segattn
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..images import as_hw, indivisible, shrink_image
-from ..record import MODEL_FILE, MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
+from ..record import MODEL_SOURCES, RECORD_FILE, WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
 from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
@@ -54,9 +56,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainedModel:
     """An opened model: what it is (``record``), the file it came from (``path``; for ONNX the .onnx file),
-    its ``format`` (``checkpoint``, ``safetensors``, ``segformer`` or ``onnx``), what runs it (``network``,
-    the Segmentor in eval mode, or ``session``, the onnxruntime session of an ONNX model) and where
-    (``device``: ``cpu`` or ``cuda:N``)."""
+    its ``format`` (``checkpoint``, ``safetensors``, ``segformer``, ``torchscript`` or ``onnx``), what runs
+    it (``network``, the Segmentor or the TorchScript module in eval mode, or ``session``, the onnxruntime
+    session of an ONNX model) and where (``device``: ``cpu`` or ``cuda:N``)."""
 
     record: ModelRecord
     path: Path
@@ -111,9 +113,9 @@ class TrainedModel:
 
     def run(self, images: np.ndarray, **inference: Any) -> np.ndarray:
         """float32 logits [B, K, h, w] of normalised float32 ``images`` [B, 3, h, w], at their own size, by
-        ``inference`` (the config group's keys): torch on the model's device for a checkpoint or safetensors
-        export, onnxruntime for ONNX. No shrinking here: eval's datasets shrink as training did; ``logits``
-        shrinks an image."""
+        ``inference`` (the config group's keys): torch on the model's device for a checkpoint, a safetensors
+        or a TorchScript export, onnxruntime for ONNX. No shrinking here: eval's datasets shrink as training
+        did; ``logits`` shrinks an image."""
         settings = self.settings(**inference)
         if self.session is not None:
             crop, stride = settings["crop"], settings["stride"]
@@ -316,9 +318,10 @@ def is_onnx(path: Path) -> bool:
 
 def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> TrainedModel:
     """Open ``path``: a train.py checkpoint, an exported safetensors directory, a Hugging Face SegFormer
-    folder (config.json + weights) or an ONNX model (a .onnx file, or a directory holding model.onnx
-    alone), to run on ``device`` (auto: the first CUDA device if
-    there is one, else the CPU; cpu, cuda, cuda:N); ``threads`` sets onnxruntime's (0: its default).
+    folder (config.json + weights), an ONNX model (a .onnx file, or a directory holding model.onnx alone) or
+    a TorchScript export (model.pt, or a directory holding it alone), to run on ``device`` (auto: the first
+    CUDA device if there is one, else the CPU; cpu, cuda, cuda:N); ``threads`` sets onnxruntime's (0: its
+    default).
 
     Raises FileNotFoundError for a missing path and ValueError for a file that is not such a model or a
     device this machine lacks, one line naming the path or setting and what was expected.
@@ -329,15 +332,18 @@ def open_model(path: str | Path, threads: int = 0, device: str = "auto") -> Trai
     if is_onnx(path):
         session = OnnxSegmentor(path, threads, device)
         return TrainedModel(session.record, session.path, "onnx", session=session, device=session.device)
-    from ..checkpoints.loading import load_checkpoint, load_exported, load_segformer_folder
+    from ..checkpoints import loading
+    from ..checkpoints.resume import is_torchscript
 
     where = torch_device(device)  # a device this machine lacks is refused before the model is read
-    if path.is_dir() and (path / "config.json").is_file() and not (path / MODEL_FILE).is_file():
-        (network, record), kind = load_segformer_folder(path), "segformer"
+    if is_torchscript(path):
+        (network, record), kind = loading.load_torchscript(path, where), "torchscript"
+    elif path.is_dir() and (path / "config.json").is_file() and not (path / RECORD_FILE).is_file():
+        (network, record), kind = loading.load_segformer_folder(path), "segformer"
     elif path.is_dir():
-        (network, record), kind = load_exported(path), "safetensors"
+        (network, record), kind = loading.load_exported(path), "safetensors"
     else:
-        (network, record), kind = load_checkpoint(path), "checkpoint"
+        (network, record), kind = loading.load_checkpoint(path), "checkpoint"
     return TrainedModel(record, path, kind, network=network.to(where), device=where)
 
 

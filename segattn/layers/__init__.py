@@ -4,7 +4,7 @@ between plain formulas, PyTorch Functions and Triton kernels (``fast_path``, whi
 SEGATTN_KERNEL)."""
 
 from .depthwise import depthwise_conv, depthwise_conv_gelu
-from .fast_path import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, kernel_backend
+from .fast_path import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, kernel_backend, loss_path
 from .grid import HW, from_grid, interpolation_matrix, resample_grid, resample_grid_embedding, to_grid
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "from_grid",
     "interpolation_matrix",
     "kernel_backend",
+    "loss_path",
     "resample_grid",
     "resample_grid_embedding",
     "to_grid",

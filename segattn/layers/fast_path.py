@@ -1,8 +1,8 @@
 """The one choice of path, per call, for every core with a fast path (``choose_path``): its plain autograd
 formula (PLAIN, the reference), a PyTorch autograd Function with a hand-written backward (FUNCTION:
 ``attention.fused``, ``layers.depthwise``) or the Triton kernels (TRITON: ``attention.triton``,
-``layers.depthwise_triton``), with the
-settings, tracing, export, device and dtype rules in this module alone. Same values within float rounding.
+``layers.depthwise_triton``), with the settings, tracing, export, device and dtype rules in this module
+alone. Same values within float rounding.
 
 The settings are read when a module is built (``kernel_backend``), so it keeps its path; a functional call
 outside a module reads them at each call. ``SEGATTN_FUSED=0``: the plain formulas everywhere (to rule the
@@ -114,10 +114,10 @@ def choose_path(
     module's ``kernel_backend``; None: the environment now): TRITON, FUNCTION or PLAIN.
 
     The caller says which forms its core has: ``triton_head_dim`` (heads that wide, 1 for a per-channel
-    core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel, pola's
-    2), ``function`` (a PyTorch Function), ``whole_image``
-    (a sum or max over all tokens that the fast forms cannot split: PLAIN on a band of a split image,
-    ``segattn.parallel``; the others sum their token summaries over the bands).
+    core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel,
+    pola's 2), ``function`` (a PyTorch Function), ``whole_image`` (a sum or max over all tokens that the
+    fast forms cannot split: PLAIN on a band of a split image, ``segattn.parallel``; the others sum their
+    token summaries over the bands).
 
     TRITON: "auto" takes CUDA tensors of fp32/bf16/fp16 with head_dim·widening up to ``MAX_HEAD_DIM`` when
     triton is installed; "triton" every such tensor, on the CPU only under TRITON_INTERPRET=1, and wider
@@ -135,6 +135,15 @@ def choose_path(
     if not function or exporting() or torch.compiler.is_compiling():  # compiled code never reads the env
         return PLAIN
     return FUNCTION if (fused_enabled() if backend is None else backend != PLAIN) else PLAIN
+
+
+def loss_path(x: Tensor, classes: int) -> str:
+    """The training loss's path for ``x`` (the images; their device and dtype decide): TRITON, the fused
+    upsampling and loss operator (``training.fused_loss``), where ``choose_path`` gives heads as wide as
+    ``classes`` the Triton kernels; else PLAIN. More classes than the kernels' widest heads: PLAIN."""
+    if classes > MAX_HEAD_DIM:
+        return PLAIN
+    return TRITON if choose_path(None, x, triton_head_dim=classes, function=False) == TRITON else PLAIN
 
 
 def takes_triton(backend: str, x: Tensor, head_dim: int, widening: int) -> bool:

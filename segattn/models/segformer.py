@@ -23,6 +23,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from torch import Tensor
 
+from ..record import RECORD_FILE
 from .heads import MLPHead
 from .pretrained import HF_FILENAMES, WEIGHT_SUFFIXES, load_fitting, read_weights_file
 from .pvt import PVT_SIZES
@@ -148,8 +149,9 @@ def read_segformer(source: str, folder: Path) -> SegFormer:
 
 def describe_folder(folder: Path) -> str:
     """What a folder without ``config.json`` is, in a few words."""
-    if (folder / "model.yaml").is_file():
-        return "a segattn export (model.yaml), not a SegFormer: open it with segattn.open_model"
+    for record in (RECORD_FILE, "model.yaml"):  # model.yaml: the record of exports before segattn.json
+        if (folder / record).is_file():
+            return f"a segattn export ({record}), not a SegFormer: open it with segattn.open_model"
     names = sorted(path.name for path in folder.iterdir())
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     return f"a folder without config.json (it holds {shown or 'nothing'}), not a SegFormer"

@@ -1,9 +1,7 @@
 """Which rows of the image this process holds, and the group it shares the image with.
 
-A band group of P processes splits the (stride-padded) image into P bands of whole stride multiples, from
-the top (group rank 0) to the bottom (rank P − 1). ``split_rows`` chooses the bands; ``BandGroup`` names
-the processes; ``splitting`` makes a (group, band) pair the active split that the layers consult while a
-band's forward and backward run.
+A band group of P processes splits the stride-padded image into P bands of whole stride multiples, group rank
+0 at the top. The layers consult the active split (``splitting``) while a band's forward and backward run.
 """
 
 from __future__ import annotations
@@ -87,8 +85,8 @@ def active_split() -> Split | None:
 
 
 def tokens_split() -> bool:
-    """Whether the tokens of the image are split across processes right now (fused kernels, which sum
-    over all tokens inside one autograd node, are then skipped for the plain formulas)."""
+    """Whether the image's tokens are split across processes; fused kernels, which sum over all tokens inside
+    one autograd node, then give way to the plain formulas."""
     return bool(_ACTIVE)
 
 
@@ -104,9 +102,9 @@ def splitting(group: BandGroup, band: Band) -> Iterator[Split]:
 
 
 def split_rows(height: int, stride: int, bands: int, min_rows: int) -> list[Band]:
-    """``bands`` contiguous bands covering ``height`` rows (a multiple of ``stride``), each a whole number of
-    stride units, as equal as possible (the top bands take the extra units), each at least ``min_rows``
-    units: the halo the network's deepest convolution needs."""
+    """``height`` rows (a multiple of ``stride``) split into ``bands`` contiguous bands of whole stride units,
+    as equal as possible (the top bands take the extra units), each at least ``min_rows`` units: the halo of
+    the network's deepest convolution."""
     if height % stride:
         raise ValueError(f"image height {height} is not a multiple of the model stride {stride}")
     units = height // stride

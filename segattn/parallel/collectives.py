@@ -15,8 +15,8 @@ from torch import Tensor
 
 from .bands import BandGroup
 
-# Bytes this process has sent through the band group's collectives since the count was last cleared, by
-# kind: what ``bench maxres spatial=[...]`` reports as communication per step.
+# Bytes this process has sent through the band group's collectives since last cleared, by kind: the
+# communication per step that ``bench maxres spatial=[...]`` reports.
 TRAFFIC: dict[str, int] = {"all_reduce": 0, "halo": 0}
 
 
@@ -123,8 +123,8 @@ class HaloExchange(torch.autograd.Function):
 
 
 def exchange_halos(x: Tensor, top: int, bottom: int, group: BandGroup) -> tuple[Tensor, Tensor]:
-    """The halo rows of band ``x`` [B, C, h, W]: ``top`` rows from the band above and ``bottom`` rows from
-    the band below (0 rows at the image's edges); fails clearly when the band is thinner than a halo."""
+    """The halo rows of band ``x`` [B, C, h, W]: ``top`` rows from the band above and ``bottom`` from the band
+    below (0 at the image's edges); a band thinner than a halo is a ValueError."""
     if x.shape[2] < max(top, bottom):
         raise ValueError(
             f"a band of {x.shape[2]} rows cannot give a halo of {max(top, bottom)} rows to its neighbours; "

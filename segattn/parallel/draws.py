@@ -1,12 +1,9 @@
 """The random draws of one image, the same on every band of it.
 
-Dropout2d and stochastic depth (drop path) draw one decision per sample (and channel), not per pixel: one
-process running the whole image makes each decision once for all its rows. The processes of a band group
-must make the same decisions, or half of an image would skip a block that the other half runs. Each
-training step therefore runs the band forward with the random generators seeded by one number that the
-group's first process draws and broadcasts (``image_seed``); the data-parallel groups, which hold different
-images, offset it by their first rank, so their images draw different decisions. The generators' own
-streams continue afterwards as if the block had drawn nothing beyond the seed (``drawing_from``).
+Dropout2d and drop path decide once per sample (and channel), not per pixel, so every band of an image must
+draw the same decisions, or half an image would skip a block the other half runs. Each training step seeds the
+generators with one number that the group's first process draws and broadcasts (``image_seed``), offset by
+that rank so that data-parallel groups, holding different images, draw differently.
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ from .bands import BandGroup
 
 
 def image_seed(group: BandGroup, device: torch.device) -> int:
-    """A seed for this step's draws, the same on every process of ``group`` (drawn by its first process
-    from the global CPU generator, which every process advances by one draw), different per group."""
+    """A seed for this step's draws, the same on every process of ``group`` and different per group; every
+    process advances the global CPU generator by one draw."""
     seed = torch.randint(2**62, (1,), dtype=torch.int64).to(device)
     dist.broadcast(seed, src=group.peers[0], group=group.group)
     return int(seed.item()) + group.peers[0]
@@ -30,9 +27,9 @@ def image_seed(group: BandGroup, device: torch.device) -> int:
 
 @contextmanager
 def drawing_from(seed: int, device: torch.device) -> Iterator[None]:
-    """Run the block with the global generators (CPU, and ``device``'s on CUDA) seeded with ``seed``; their
-    states are restored afterwards. Blocks under gradient checkpointing keep the state they saw, so their
-    recomputation in the backward pass draws the same again."""
+    """Run the block with the global generators (CPU, and ``device``'s on CUDA) seeded with ``seed``,
+    restoring their states afterwards. Blocks under gradient checkpointing keep the state they saw, so their
+    recomputation in backward draws the same again."""
     cuda = device.type == "cuda"
     devices = [torch.cuda.current_device() if device.index is None else device.index] if cuda else []
     with torch.random.fork_rng(devices=devices):

@@ -23,8 +23,8 @@ class BandSegmentor(Protocol):
 
 
 def min_band_rows(model: nn.Module) -> int:
-    """Rows at the deepest stride every band needs: the largest halo any convolution or pooling window of
-    ``model`` takes (a bound: it assumes each window could run at the deepest stride)."""
+    """Rows at the deepest stride every band needs: the largest halo of any convolution or pooling window of
+    ``model`` (a bound: each window is assumed to run at the deepest stride)."""
     halos = [1]  # bilinear upsampling takes one row
     for module in model.modules():
         padding = getattr(module, "padding", None)
@@ -47,9 +47,8 @@ def on_band(group: BandGroup, band: Band) -> Iterator[Split]:
 
 
 def recompute_contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
-    """``context_fn`` for ``torch.utils.checkpoint``: a block checkpointed on a band is recomputed on the same
-    band (halos, sums and all). Needed because the backward pass, where recomputation runs, does not see
-    the ``TorchFunctionMode`` of the forward."""
+    """``context_fn`` for ``torch.utils.checkpoint`` that recomputes a block on the band it ran on; the
+    backward pass, where recomputation runs, does not see the forward's ``TorchFunctionMode``."""
     split = active_split()
     return nullcontext(), nullcontext() if split is None else on_band(split.group, split.band)
 
@@ -60,13 +59,8 @@ def band_forward(
     """Logits (and aux logits) of this process's band of ``images`` [B, 3, H, W], the same full batch on
     every process of ``group``: rows [band.start, min(band.stop, H)) of what ``model(images)`` returns.
 
-    The image is padded to the stride as the Segmentor pads it, then split into ``group.size`` bands of
-    whole stride multiples; the band's forward runs with its layers exchanging halos and key summaries.
-    Blocks under gradient checkpointing recompute on the band through ``recompute_contexts``.
-
-    A model in training mode draws its dropout and drop-path decisions from ``seed`` (by default one
-    ``image_seed`` shared by the group), so every band makes the decisions one process would make for
-    the whole image with its generators seeded so (``draws``).
+    In training mode dropout and drop path draw from ``seed`` (default: the group's ``image_seed``), so every
+    band makes the decisions one process would make for the whole image.
     """
     height, width = images.shape[-2:]
     band = image_bands(model, height, group.size)[group.index]

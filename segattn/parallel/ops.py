@@ -260,9 +260,9 @@ def whole_image_ops() -> Iterator[None]:
 
 
 def band_of_embedding(make: Callable[[tuple[int, int]], Tensor], hw: tuple[int, int], stride: int) -> Tensor:
-    """``make(grid)``, a [1, H·W, C] embedding of a token grid (e.g. a resampled position embedding), for
-    the grid ``hw`` of tokens ``stride`` pixels apart; on a band it is made for the whole image's grid and
-    sliced to the band's rows, so every band sees the rows the whole image would."""
+    """``make(hw)``, a [1, H·W, C] embedding of the token grid ``hw`` (tokens ``stride`` pixels apart), e.g. a
+    resampled position embedding. On a band it is made for the whole image's grid and sliced to the band's
+    rows, so every band sees the rows the whole image would."""
     split = active_split()
     if split is None:
         return make(hw)
@@ -273,8 +273,8 @@ def band_of_embedding(make: Callable[[tuple[int, int]], Tensor], hw: tuple[int, 
 
 
 class BandOps(TorchFunctionMode):
-    """Routes the image operations of a band's forward (and of its recomputation in backward) to their
-    band forms for ``split``; every other call runs unchanged."""
+    """A ``TorchFunctionMode`` that routes a band's image operations (forward and recomputation) to their band
+    forms for ``split``."""
 
     def __init__(self, split: Split) -> None:
         super().__init__()

@@ -16,9 +16,9 @@ from .collectives import group_max, group_sum, group_sum_
 
 
 def token_reducer() -> Callable[[Tensor], Tensor]:
-    """For fused autograd Functions, captured in their forward: a function that sums a tensor of sums over
-    this band's tokens over the whole image, in place and outside autograd (identity outside a split).
-    Their backward, which runs after the split has ended, sums the summaries' gradients with it too."""
+    """A function that sums a tensor of sums over this band's tokens over the whole image, in place and
+    outside autograd (identity outside a split). Fused autograd Functions capture it in forward, so their
+    backward, which runs after the split has ended, can sum the summaries' gradients with it."""
     split = active_split()
     if split is None:
         return lambda x: x

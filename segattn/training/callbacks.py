@@ -1,6 +1,5 @@
-"""Callbacks for W&B: a validation panel of images with ground-truth / prediction mask overlays and
-the per-class IoU table, and what a finished run holds (``WandbRunRecord``: environment, best score and
-step, test tables, the best checkpoint as a model artifact). Rank zero only; silent without a W&B logger."""
+"""W&B callbacks: the validation panel (``WandbValidationPanel``) and what a finished run holds
+(``WandbRunRecord``). Rank zero only; silent without a W&B logger."""
 
 from __future__ import annotations
 
@@ -135,13 +134,12 @@ class WandbValidationPanel(pl.Callback):
 
 
 class WandbRunRecord(pl.Callback):
-    """What a W&B run holds for those who read it afterwards, beside the logged curves: the environment
-    (``rundir.environment``: versions, git commit) in the run config; the best score of the checkpoint
-    callback's ``monitor`` and its step (``best_step``) in the run summary, where W&B would otherwise keep
-    the last; each test's per-class table (``test/per_class``) and confusion matrix of pixel counts
-    (``test/confusion``); and with ``log_model`` the best checkpoint (the last without one) as a model
-    artifact ``model-<run id>``, logged here so that it works offline too (Lightning's ``log_model``
-    refuses an offline logger)."""
+    """What a W&B run holds for its later readers, beside the logged curves.
+
+    The run config gets ``environment`` (versions, git commit); the run summary the checkpoint callback's best
+    ``monitor`` score and its ``best_step`` (W&B would keep the last); each test ``test/per_class`` and
+    ``test/confusion`` (pixel counts). With ``log_model`` the best checkpoint (else the last) becomes artifact
+    ``model-<run id>``, logged here because Lightning's ``log_model`` refuses an offline logger."""
 
     def __init__(self, log_model: bool = True) -> None:
         self.log_model = log_model

@@ -1,14 +1,11 @@
-"""How Lightning writes segattn's checkpoints: crash-safe (``AtomicCheckpointIO``, through
-``checkpoints.atomic``), and with a ``last.ckpt`` after every epoch (``ResumableModelCheckpoint``), so that
-``ckpt_path=last`` after a crash resumes from the latest epoch rather than from the latest improvement.
+"""How Lightning writes segattn's checkpoints: crash-safe (``AtomicCheckpointIO``), with a ``last.ckpt`` after
+every epoch (``ResumableModelCheckpoint``).
 
-Since Lightning 2.5, ``save_last=True`` writes last.ckpt only when a top-k checkpoint was saved in the
-same step: with ``monitor=val/mIoU, save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies
-would resume ten epochs back.
-
-A checkpoint or early-stopping callback's ``monitor`` is checked against the metrics the run logs
-(``check_monitor``) before anything is built: Lightning finds a misspelt one only at the end of the first
-epoch, and saves nothing.
+After a crash ``ckpt_path=last`` thus resumes from the latest epoch, not the latest improvement: Lightning
+(2.5 on) writes last.ckpt only in a step that saved a top-k checkpoint, so with ``monitor=val/mIoU,
+save_top_k=1`` a run whose mIoU stalls for ten epochs and then dies would resume ten epochs back.
+``check_monitor`` refuses a misspelt ``monitor`` before anything is built; Lightning finds it only at the end
+of the first epoch, having saved nothing.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ MONITORED = (*(f"val/{name}" for name in (*SUMMARY_KEYS, "mAP")), "train/loss", 
 
 
 def check_monitor(key: str, callback: type, options: Mapping[str, Any]) -> None:
-    """The ``monitor`` of config entry ``key`` (``callbacks.model_checkpoint``), when its class is a
-    ModelCheckpoint or an EarlyStopping, names a metric the run logs (``MONITORED``); a ConfigError naming
-    the key otherwise."""
+    """Refuse a ModelCheckpoint or EarlyStopping entry ``key`` (``callbacks.model_checkpoint``) whose
+    ``monitor`` is not a metric the run logs (``MONITORED``): a ConfigError naming the key."""
     monitor = options.get("monitor")
     if not issubclass(callback, (ModelCheckpoint, EarlyStopping)) or monitor is None:
         return
@@ -75,8 +71,7 @@ class ResumableModelCheckpoint(ModelCheckpoint):
             self.save_last_if_missed(trainer)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        """Every save: a best score new since the last one was scored at this step, which the saved
-        checkpoint's state then holds too."""
+        """Note ``best_step`` when the best score is new since the last save, before the state is saved."""
         if self.best_model_score is not self.noted_score:
             self.best_step, self.noted_score = trainer.global_step, self.best_model_score
         super()._save_checkpoint(trainer, filepath)
@@ -92,17 +87,15 @@ class ResumableModelCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the best / top-k bookkeeping only from a checkpoint of this very checkpoint folder.
 
-        Lightning restores ``best_model_path`` even when the checkpoint was written in another folder (a
-        copy of another run's last.ckpt): that file belongs to the other run, which may have overwritten
-        or deleted it since, and the test step and the summary would then use another model's weights.
-        A run resumed from another folder starts its top-k from nothing, so its test step uses only its
-        own checkpoints (or its final weights)."""
+        Lightning would restore ``best_model_path`` from a copy of another run's last.ckpt: a file of the
+        other run, which may have overwritten or deleted it, so the test step and the summary would use
+        another model's weights. A run resumed from another folder starts its top-k from nothing."""
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
             self.best_step, self.noted_score = state_dict.get("best_step"), self.best_model_score
 
     def save_last_now(self, trainer: pl.Trainer) -> str:
-        """Write last.ckpt at this very step, whatever the schedule (a preempted run's final state, taken
-        between two steps so that resuming continues at the next one). Returns its path."""
+        """Write last.ckpt now, whatever the schedule, and return its path: a preempted run's state between
+        two steps, so resuming continues at the next one."""
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         return self.last_model_path

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .losses import SegLoss, at_least_float32, cross_entropy_sums, dice_from_sums, dice_sums
+from .losses import SegLoss, at_least_float32, cross_entropy_sums, dice_sums, loss_from_sums
 
 
 def bilinear_rows(logits: Tensor, size: tuple[int, int], start: int, stop: int, width: int) -> Tensor:
@@ -78,25 +78,23 @@ def chunked_seg_loss(
     chunk_rows = chunk_rows or criterion.chunk_rows
     if not chunk_rows:
         raise ValueError("chunked_seg_loss: no chunk_rows given and loss.chunk_rows is null")
-    if criterion.lovasz or criterion.ohem_thresh is not None:
-        raise ValueError("chunked_seg_loss: Lovász and OHEM need all pixels at once (loss.chunk_rows=null)")
-    height, width = target.shape[-2:]
-    if size[0] < height or size[1] < width:
-        raise ValueError(
-            f"chunked_seg_loss: logits cover {size[0]}×{size[1]} px, less than the mask's {height}×{width}"
-        )
+    check_covers("chunked_seg_loss", criterion, size, target)
+    height = target.shape[-2]
     recompute = torch.is_grad_enabled() and logits.requires_grad
     chunks = []
     for start in range(0, height, chunk_rows):
         args = (criterion, logits, target, size, start, min(start + chunk_rows, height))
         chunks.append(checkpoint(chunk_sums, *args, use_reentrant=False) if recompute else chunk_sums(*args))
-    ce_sum, ce_weight, intersection, predicted, labelled = (
-        torch.stack(part).sum(0) for part in zip(*chunks, strict=True)
-    )
-    total = logits.new_zeros((), dtype=torch.float)
-    if criterion.ce:
-        total = total + criterion.ce * ce_sum / ce_weight.clamp_min(1e-12)
-    if criterion.dice:
-        dice = dice_from_sums(intersection, predicted, labelled, present_only=criterion.dice_present_only)
-        total = total + criterion.dice * dice
-    return total
+    return loss_from_sums(criterion, *(torch.stack(part).sum(0) for part in zip(*chunks, strict=True)))
+
+
+def check_covers(caller: str, criterion: SegLoss, size: tuple[int, int], target: Tensor) -> None:
+    """Refuse a criterion with a term that is not a sum over pixels, or logits covering less than the mask
+    (a ValueError naming ``caller``)."""
+    if not criterion.sums_over_pixels:
+        raise ValueError(f"{caller}: Lovász and OHEM need all pixels at once (loss.chunk_rows=null)")
+    height, width = target.shape[-2:]
+    if size[0] < height or size[1] < width:
+        raise ValueError(
+            f"{caller}: logits cover {size[0]}×{size[1]} px, less than the mask's {height}×{width}"
+        )

@@ -12,7 +12,7 @@ passed to the built class as plain arguments, never through Hydra.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import Logger
+from pytorch_lightning.loggers import Logger, MLFlowLogger, TensorBoardLogger
 from pytorch_lightning.strategies import Strategy
 
 from ..config import config_dir, plain
@@ -162,12 +162,23 @@ def check_strategy(spec: Any) -> None:
         )
 
 
+# Loggers whose package is an optional extra: the packages any of which serves it, and what to install.
+LOGGER_EXTRAS = {
+    MLFlowLogger: (("mlflow",), "'segattn[mlflow]' (mlflow-skinny)"),
+    TensorBoardLogger: (("tensorboard", "tensorboardX"), "'segattn[tensorboard]'"),
+}
+
+
 def check_components(cfg: DictConfig) -> None:
-    """Every callback, logger and the trainer's strategy names a class of its kind that imports, and the
-    ``monitor`` of a checkpoint or early-stopping callback is a metric the run logs: before the run creates
-    anything."""
+    """Check, before the run creates anything, that every callback, logger and the trainer's strategy names
+    a class of its kind that imports, that a logger finds its optional package (``LOGGER_EXTRAS``), and
+    that a checkpoint or early-stopping callback monitors a metric the run logs."""
     for key, spec in entries("callbacks", plain(cfg.get("callbacks"))):
         check_monitor(key, target_class(key, spec, pl.Callback), spec)
     for key, spec in entries("logger", plain(cfg.get("logger"))):
-        target_class(key, spec, Logger)
+        logger = target_class(key, spec, Logger)
+        for kind, (packages, extra) in LOGGER_EXTRAS.items():
+            if issubclass(logger, kind) and not any(importlib.util.find_spec(name) for name in packages):
+                missing = f"{logger.__name__} needs {packages[0]}, which is not installed"
+                raise ConfigError(f"{key}: {missing}; pip install {extra}")
     check_strategy(plain(OmegaConf.select(cfg, STRATEGY)))

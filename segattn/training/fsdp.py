@@ -1,21 +1,17 @@
-"""Fully sharded data parallel training (``trainer=fsdp``, ``trainer=fsdp_cpu``): every process holds
-1/world of each parameter, gradient and AdamW moment, and gathers one unit's parameters just before the
-unit runs (forward, and again in backward), so a model larger than one device trains.
+"""Fully sharded data parallel training (``trainer=fsdp``, ``trainer=fsdp_cpu``): a model larger than one
+device trains.
 
-Built on torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) through Lightning's
-``ModelParallelStrategy``, which runs with any accelerator (NCCL on GPUs, gloo on CPU); Lightning's
-``FSDPStrategy`` (FSDP1) accepts GPUs only. The units gathered one at a time (``shard_units``) are every
-transformer ``Block`` (encoder and head) and each stage of a timm CNN encoder; the parameters outside them
-(patch embeddings, stems, norms, heads) form the root unit. Each unit's parameters are freed again after
-its forward and gathered once more for its backward. Buffers are not sharded: each process keeps its own
-BatchNorm running statistics (FSDP does not broadcast buffers as DDP does); checkpoints hold rank 0's.
+Every process holds 1/world of each parameter, gradient and AdamW moment; a unit's (``shard_units``)
+parameters are gathered just before it runs, forward and again backward, and freed after. Built on torch's
+FSDP2 (``fully_shard``) through Lightning's ``ModelParallelStrategy``, which runs on any accelerator (NCCL on
+GPUs, gloo on CPU); Lightning's ``FSDPStrategy`` (FSDP1) takes GPUs only. Buffers are not sharded: each
+process keeps its own BatchNorm running statistics (FSDP does not broadcast buffers as DDP does); checkpoints
+hold rank 0's.
 
-Checkpoints: the full weights and optimizer state are gathered (on the CPU) on rank 0 and written as one
-``last.ckpt`` like every other trainer's, through the trainer's checkpoint IO
-(``checkpointing.AtomicCheckpointIO``: temporary file, fsync, rename), so resume (``ckpt_path``), eval,
-export and ``init_from`` read it unchanged. Lightning's sharded checkpoint folders
-(``save_distributed_checkpoint``) are refused: none of those readers takes a folder, and its writer has no
-atomic rename.
+Checkpoints: the full weights and optimizer state are gathered on rank 0 (on the CPU) and written as one
+``last.ckpt`` through ``checkpointing.AtomicCheckpointIO``, so resume, eval, export and ``init_from`` read it
+unchanged. Lightning's sharded checkpoint folders (``save_distributed_checkpoint``) are refused: none of those
+readers takes a folder, and their writer has no atomic rename.
 """
 
 from __future__ import annotations
@@ -33,9 +29,9 @@ from ..models.unet import TimmCNNEncoder
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The modules sharded as units of their own: every ``Block`` and each stage of a timm CNN encoder that
-    feeds a feature level (ResNet ``layer1``..``layer4``, ConvNeXt ``stages_0``..``stages_3``; the small
-    stem stays in the root unit)."""
+    """The modules sharded as units of their own: every ``Block`` (encoder and head) and each stage of a timm
+    CNN encoder that feeds a feature level (ResNet ``layer1``..``layer4``, ConvNeXt
+    ``stages_0``..``stages_3``). The rest (patch embeddings, stems, norms, heads) is the root unit."""
     units = [module for module in model.modules() if isinstance(module, Block)]
     for module in model.modules():
         if isinstance(module, TimmCNNEncoder):
@@ -92,14 +88,13 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup(trainer)
 
     def on_train_start(self) -> None:
-        """A resumed run creates its first batch iterator again, as DDP would have created it.
+        """Create a resumed run's first batch iterator again, as DDP would have created it.
 
-        This strategy restores checkpoints after ``setup`` (the weights load into the sharded model), but
-        ``setup`` builds the optimizer and LR schedule, and counting the schedule's steps makes Lightning
-        create the first iterator: before the checkpoint's RNG state and the DataModule's position in the
-        epoch (``segattn.data.resumable``) were restored. Under DDP the restore comes first. Creating the
-        iterator again now draws its shuffle and worker seeds from the restored RNG and replays the batches
-        a mid-epoch checkpoint had already trained on."""
+        This strategy restores checkpoints after ``setup`` (into the sharded model), but ``setup`` builds the
+        LR schedule, whose step count makes Lightning create the first iterator before the checkpoint's RNG
+        state and the DataModule's epoch position (``segattn.data.resumable``) are restored. The new iterator
+        draws its shuffle and worker seeds from the restored RNG and replays the batches a mid-epoch
+        checkpoint had already trained on."""
         super().on_train_start()
         trainer = self.lightning_module.trainer
         fetcher = trainer.fit_loop._data_fetcher  # None without training batches (limit_train_batches=0)

@@ -99,10 +99,8 @@ class NonFiniteGuard(pl.Callback):
         self.report(trainer, paths, loss_finite)
 
     def report(self, trainer: pl.Trainer, paths: list[str], loss_finite: bool) -> None:
-        """Warn about a skipped step, or raise NonFiniteError when the limits are reached.
-
-        Names the files of the ranks whose loss was non-finite (all ranks' files when only the
-        gradients, which DDP averages over ranks, were)."""
+        """Warn about a skipped step, or raise NonFiniteError at the limits, naming the files of the ranks
+        whose loss was non-finite (all ranks' when only the gradients, which DDP averages, were)."""
         reports = gather((loss_finite, paths))
         culprits = [rank_paths for finite, rank_paths in reports if not finite]
         files = [path for rank_paths in (culprits or [p for _, p in reports]) for path in rank_paths]

@@ -106,6 +106,25 @@ def dice_from_sums(
     return 1 - dice[present].mean() if present.any() else predicted.sum() * 0
 
 
+def loss_from_sums(
+    criterion: SegLoss,
+    ce_sum: Tensor,
+    ce_weight: Tensor,
+    intersection: Tensor,
+    predicted: Tensor,
+    labelled: Tensor,
+) -> Tensor:
+    """``criterion``'s cross entropy and Dice (``criterion.sums_over_pixels``) from their pixel sums over
+    the batch (``cross_entropy_sums``, ``dice_sums``), in at least float32."""
+    total = ce_sum.new_zeros((), dtype=torch.promote_types(ce_sum.dtype, torch.float32))
+    if criterion.ce:
+        total = total + criterion.ce * ce_sum / ce_weight.clamp_min(1e-12)
+    if criterion.dice:
+        dice = dice_from_sums(intersection, predicted, labelled, present_only=criterion.dice_present_only)
+        total = total + criterion.dice * dice
+    return total
+
+
 def lovasz_grad(gt_sorted: Tensor) -> Tensor:
     """Gradient of the Lovász extension of the Jaccard loss at errors sorted in decreasing order."""
     gts = gt_sorted.sum()
@@ -191,6 +210,12 @@ class SegLoss(nn.Module):
             )
         weight = None if class_weights is None else torch.tensor(list(class_weights), dtype=torch.float)
         self.register_buffer("class_weights", weight, persistent=False)
+
+    @property
+    def sums_over_pixels(self) -> bool:
+        """Whether every term is a sum over pixels (cross entropy, Dice), so that it adds up over parts of
+        the image: not Lovász or OHEM, which rank all pixels at once."""
+        return not self.lovasz and self.ohem_thresh is None
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         total = logits.new_zeros((), dtype=torch.float)

@@ -1,13 +1,11 @@
-"""Whether one training step fits the GPU, asked before training: a run whose image is too large for the
-device is refused in one line naming the settings that shrink it, instead of an out-of-memory traceback
-after the loggers, the run directory's files and the data loaders exist.
+"""Whether one training step fits the GPU, asked before training.
 
-The check runs one forward, loss and backward on zeros of the largest training batch shape, under the
-trainer's precision, and reads the CUDA allocator's peak. It is exact for the activations of that step;
-optimizer state (created at the first real step) and the data loader's pinned buffers come on top, so a
-step that fits with under 10 % of the device to spare is reported as tight. CPU runs are not checked:
-host memory is shared with everything else on the machine, and running out of it kills the process
-rather than raising.
+A run whose image is too large for the device is refused in one line naming the settings that shrink it, not
+by an out-of-memory traceback after the loggers, run files and data loaders exist. One step on zeros of the
+largest training batch shape, under the trainer's precision, gives the exact peak of that step's activations;
+optimizer state (made at the first real step) and the loader's pinned buffers come on top, so a peak above
+``TIGHT`` of the device is reported as tight. CPU runs are not checked: host memory is shared with the whole
+machine, and running out of it kills the process rather than raising.
 """
 
 from __future__ import annotations

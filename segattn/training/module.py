@@ -18,10 +18,12 @@ from ..checkpoints.resume import restore_rng_state, rng_state
 from ..evaluation.average_precision import AveragePrecisionMetric, score_logits
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
+from ..layers import TRITON, loss_path
 from ..parallel import band_forward
 from ..record import ModelRecord
 from ..tiling import image_settings
 from .chunked_loss import chunked_seg_loss
+from .fused_loss import fused_seg_loss
 from .spatial import band_group_of, band_loss, share_batch
 
 OptimizerFactory = Callable[[nn.Module], Optimizer]
@@ -98,14 +100,23 @@ class SegmentationModule(pl.LightningModule):
     def head_losses(self, images: Tensor, masks: Tensor) -> tuple[Tensor, Tensor | None]:
         """The criterion on the main and (None without one) auxiliary head's logits. With
         ``loss.chunk_rows`` the heads' logits stay at their own stride and the loss upsamples them row
-        chunk by row chunk (``chunked_seg_loss``); otherwise on logits upsampled to the image."""
-        if getattr(self.criterion, "chunk_rows", None) is None:
+        chunk by row chunk (``chunked_seg_loss``); on the Triton path (``layers.loss_path``: CUDA) a
+        cross-entropy and Dice loss upsamples and scores them in one fused operator (``fused_seg_loss``);
+        otherwise on logits upsampled to the image."""
+        chunked = getattr(self.criterion, "chunk_rows", None) is not None
+        fused = (
+            not chunked
+            and getattr(self.criterion, "sums_over_pixels", False)
+            and loss_path(images, self.model.num_classes) == TRITON
+        )
+        if not (chunked or fused):
             logits, aux_logits = self.model.forward_with_aux(images)
             score = functools.partial(self.criterion, target=masks)
         else:
             logits, aux_logits = self.model.forward_with_aux(images, upsample=False)
             size = self.model.padded_size(*images.shape[-2:])
-            score = functools.partial(chunked_seg_loss, self.criterion, target=masks, size=size)
+            loss = fused_seg_loss if fused else chunked_seg_loss
+            score = functools.partial(loss, self.criterion, target=masks, size=size)
         return score(logits), None if aux_logits is None else score(aux_logits)
 
     def band_training_step(self, batch: dict[str, Any], group: Any) -> Tensor:

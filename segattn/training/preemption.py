@@ -1,15 +1,14 @@
-"""Preemption: the signal a scheduler sends before it kills a job (SIGTERM; SIGUSR1 from SLURM's
-``--signal=USR1@<seconds>``) ends the run at the end of the current training step with a step-exact
-``last.ckpt`` (written by the atomic writer) and exit status 128 + signal number, the status of a process
-ended by that signal. ``ckpt_path=auto`` (or ``last``) with the same run directory continues at the next
-step: Lightning restores the loop counters and ``ResumableDataLoader`` replays the epoch's batches.
+"""Preemption: a run stopped by a scheduler's signal ends after the current step with a step-exact last.ckpt.
 
-Under SLURM the requeue signal (SIGUSR1) also requeues the job (``scontrol requeue``), as Lightning's
-auto-requeue does; Lightning's own handler is replaced because it saves from inside the signal handler,
-which can be in the middle of an optimizer step.
+The signal a scheduler sends before it kills a job (SIGTERM; SIGUSR1 from SLURM's ``--signal=USR1@<seconds>``)
+saves ``last.ckpt`` (atomic writer) after the current training step and exits with 128 + signal number, as
+that signal would. ``ckpt_path=auto`` (or ``last``) with the same run directory continues at the next step:
+Lightning restores the loop counters and ``ResumableDataLoader`` replays the epoch's batches.
 
-Ctrl-C (SIGINT) is handled the same way, so an interrupted epoch is not lost; a second Ctrl-C before the
-step ends stops at once without saving (Python's KeyboardInterrupt, which Lightning shuts down on).
+Under SLURM, SIGUSR1 also requeues the job (``scontrol requeue``) as Lightning's auto-requeue does;
+Lightning's handler is replaced because it saves inside the signal handler, possibly mid optimizer step.
+Ctrl-C (SIGINT) is handled the same way; a second Ctrl-C before the step ends stops at once without saving
+(KeyboardInterrupt, which Lightning shuts down on).
 """
 
 from __future__ import annotations
@@ -68,11 +67,10 @@ def requeue_slurm_job() -> None:
 
 
 class PreemptionCheckpoint(pl.Callback):
-    """On any of ``signals``: finish the current step, save ``last.ckpt``, (SLURM + SIGUSR1 with
-    ``requeue``) requeue the job, and exit with 128 + signal number.
+    """The callback that stops, saves and (SLURM + SIGUSR1 with ``requeue``) requeues on any of ``signals``.
 
-    Under DDP all ranks stop at the same step: the flag is reduced over ranks after every step (one
-    boolean all-reduce), and rank zero forwards the signal to processes Lightning launched itself.
+    Under DDP all ranks stop at the same step: the flag is all-reduced after every step, and rank zero
+    forwards the signal to processes Lightning launched itself.
     """
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), requeue: bool = True) -> None:
@@ -92,8 +90,8 @@ class PreemptionCheckpoint(pl.Callback):
         self.previous = {signum: signal.signal(signum, self.handle) for signum in self.signals}
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        """Signal handler: only note the request; the step in progress finishes first. A second Ctrl-C
-        stops at once (KeyboardInterrupt, without saving)."""
+        """Signal handler: note the request, so the step in progress finishes first; a second Ctrl-C
+        raises KeyboardInterrupt."""
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt

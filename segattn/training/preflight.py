@@ -1,9 +1,8 @@
-"""Checks a run passes before it creates a logger, a trainer or any output: the data splits exist (every
-file is read and checked with ``data.validate=true``), the model accepts the sizes it will see, and on a
-GPU one training step at the largest of them fits (``memory_fit``).
+"""Checks a run passes before it creates a logger, a trainer or any output.
 
-Unknown model / attention / dataset names and a ``data.num_classes`` that disagrees with the dataset are
-refused earlier, by the builders themselves.
+The data splits exist (every file read and checked with ``data.validate=true``), the model accepts the sizes
+it will see, and on a GPU one training step at the largest fits (``memory_fit``). Unknown model / attention /
+dataset names and a ``data.num_classes`` that disagrees with the dataset are refused earlier, by the builders.
 """
 
 from __future__ import annotations
@@ -71,11 +70,10 @@ def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[in
 
 
 def train_sizes(datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
-    """The input sizes training will feed the model, by the config key (and file) that sets them: the crop,
-    or with ``data.crop_size=null`` each size of the training images. train.py's checks of its training
-    images, run here before training starts and by the doctor: whole images of mixed sizes in batches of
-    more than one, and images ``data.downsample`` does not divide, are refused; a crop larger than a shrunk
-    image is said."""
+    """The input sizes training will feed the model, by the config key (and file) that sets them: the crop, or
+    with ``data.crop_size=null`` each training image size. Reading them runs train.py's image checks (the
+    doctor runs them too): whole images of mixed sizes in batches of more than one, and images
+    ``data.downsample`` does not divide, are refused; a crop larger than a shrunk image is warned about."""
     crop, factor = datamodule.crop_size, datamodule.downsample
     if crop is not None:
         check_crop_at_shrink(crop, factor, datamodule)
@@ -85,10 +83,10 @@ def train_sizes(datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
 
 
 def check_crop_at_shrink(crop: tuple[int, int], factor: int, datamodule: SegDataModule) -> None:
-    """With ``data.downsample`` > 1 the crop is taken from the shrunk images: a crop larger than one of them
-    only pads it with ignored pixels, often a sign the crop was meant in original pixels. One warning line
-    naming the image, its shrunk size and both keys; not a refusal, since a table may hold the crop equal
-    across shrinks on purpose (``idrid_cpu``'s 8x arm)."""
+    """Warn in one line, naming the image, its shrunk size and both keys, when the crop is larger than a
+    training image shrunk by ``data.downsample``: it only pads it with ignored pixels, often a sign the crop
+    was meant in original pixels. Not a refusal: a table may hold the crop equal across shrinks on purpose
+    (``idrid_cpu``'s 8x arm)."""
     if factor == 1:
         return
     for (height, width), images in datamodule.train_image_sizes().items():
@@ -120,8 +118,8 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationMo
 
 
 def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, int]]) -> None:
-    """``trainer.strategy.name=spatial``: the model, the loss, validation and every input size must split
-    into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
+    """Refuse, under ``trainer.strategy.name=spatial``, a model, loss, validation or input size that cannot
+    split into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
     strategy = OmegaConf.select(cfg, "trainer.strategy")
     if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "spatial"):
         return

@@ -7,16 +7,18 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
-from pytorch_lightning.loggers import Logger, WandbLogger
+from pytorch_lightning.loggers import Logger, MLFlowLogger, WandbLogger
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 
 from ..checkpoints.compat import check_resumable, describe_init_differences
@@ -124,14 +126,20 @@ def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def build_loggers(cfg: DictConfig, resumed: dict[str, Any] | None) -> list[Logger]:
-    """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint."""
+    """Loggers from ``cfg.logger``; a resumed run continues the W&B run stored in its checkpoint. MLflow 3
+    refuses its local file store (``file:`` or a path; the default of conf/logger/mlflow.yaml) unless
+    MLFLOW_ALLOW_FILE_STORE is true: for such a store this process sets it, where the user has not."""
     run_id = wandb_run_id(resumed) if resumed is not None else None
     loggers = []
     for key, spec in entries("logger", plain(cfg.logger)):
         extra: dict[str, Any] = {}
-        if run_id and issubclass(target_class(key, spec, Logger), WandbLogger):
+        found = target_class(key, spec, Logger)
+        if run_id and issubclass(found, WandbLogger):
             extra = {"id": run_id, "resume": "allow"}
             rank_zero_info(f"W&B: continuing run {run_id} from the resumed checkpoint")
+        local_store = urlparse(spec.get("tracking_uri") or "").scheme in ("", "file")  # file: or a path
+        if issubclass(found, MLFlowLogger) and local_store:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         loggers.append(build(key, spec, Logger, **extra))
     return loggers
 

@@ -1,11 +1,11 @@
-"""One live run per run directory, and the composed config written into it only once the run owns it,
-with ``environment.json``: the versions and git commit that ran it (``environment()``).
+"""One live run per run directory; the composed config and ``environment.json`` written into it only once the
+run owns it.
 
-A requeued job started while the old one still runs, or a copy-pasted command with the same
-``hydra.run.dir``, would otherwise train beside the first run and overwrite its config and checkpoints.
-The first run holds ``<run dir>/.lock`` (its pid, host and start time); a second one fails at once naming
-the holder. A lock whose pid no longer lives on this host (a killed run) is taken over; a lock from
-another host is left alone, because its process cannot be checked from here.
+Without the lock a requeued job started while the old one still runs, or a copy-pasted command with the same
+``hydra.run.dir``, would train beside the first run and overwrite its config and checkpoints. The first run
+holds ``<run dir>/.lock`` (pid, host, start time); a second fails at once naming the holder. A lock whose pid
+is gone from this host (a killed run) is taken over; one from another host is left alone, as its process
+cannot be checked from here.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def try_create(lock: Path, record: str) -> bool:
 
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
-    """Hold ``<run_dir>/.lock`` for the duration of the block; raise ``RunDirLockedError`` naming the file and
-    the holder's pid and host when a live run holds it. Creates ``run_dir`` if needed, and removes it again
-    if the run leaves it empty (it failed its checks)."""
+    """Hold ``<run_dir>/.lock`` for the block; ``RunDirLockedError`` names the file and the holder's pid and
+    host when a live run holds it. Creates ``run_dir`` if needed and removes it again if the run leaves it
+    empty (it failed its checks)."""
     run_dir = Path(run_dir)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,8 +148,7 @@ def git_commit() -> str:
 
 
 def save_environment(run_dir: str | Path) -> None:
-    """``<run dir>/environment.json``: ``environment()``, the versions and commit that ran it (the same as
-    its checkpoints' records name)."""
+    """Write ``<run dir>/environment.json``: ``environment()``, as its checkpoints' records name it."""
     atomic_write_text(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(environment(), indent=2) + "\n")
 
 
@@ -158,8 +157,8 @@ TREE_ORDER = ("data", "model", "attention", "loss", "optimizer", "scheduler", "t
 
 
 def config_tree(cfg: DictConfig) -> str:
-    """The composed config as a tree (one branch per top-level key, the groups of ``TREE_ORDER`` first),
-    values resolved where they can be: what the run will use, as the lightning-hydra-template prints it."""
+    """The composed config as a tree, as the lightning-hydra-template prints it: a branch per top-level key,
+    ``TREE_ORDER`` first, values resolved where they can be."""
     from rich.console import Console
     from rich.syntax import Syntax
     from rich.tree import Tree
@@ -182,9 +181,9 @@ def config_tree(cfg: DictConfig) -> str:
 
 
 def save_run_config(cfg: DictConfig, run_dir: str | Path) -> None:
-    """Write ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` as Hydra would, but only once
-    the run owns its directory and its config passed every check (``hydra.output_subdir: null``); print the
-    composed config as a tree and keep it beside them (``config_tree.txt``)."""
+    """Write ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` as Hydra would (it is told not to:
+    ``hydra.output_subdir: null``), called once the run owns its directory and passed every check; print the
+    config tree and keep it as ``config_tree.txt``."""
     folder = Path(run_dir) / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.yaml", OmegaConf.to_yaml(cfg))

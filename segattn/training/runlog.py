@@ -1,14 +1,13 @@
-"""The run's log file (``<run dir>/train.log``) is written only once the run commits to its directory.
+"""The run's log file (``<run dir>/train.log``), written only once the run commits to its directory.
 
-Hydra makes the run directory and opens logging before the command's checks run, and a check that fails
-after the first log record (the seed line, a resumed checkpoint's name) used to leave an 82-byte
-train.log behind, or append to the train.log of a run directory that was being resumed. The command
-boundary (``segattn.cli``) holds the records meant for log files in memory (``hold``); the run writes them
-out and logs to the files directly from the moment every check has passed (``commit``), and a refused
-command drops them (``discard``), so its run directory is empty and is removed again. Records still go to
-stdout as they happen. A run refused after the commit keeps its directory only where there is something to
-keep (it trained, ``mark_trained``, or the directory was there before); its train.log then ends with the
-line the console shows (``end_with``).
+Hydra makes the run directory and opens logging before the command's checks run, so a check failing after the
+first record (the seed line, a resumed checkpoint's name) would leave a train.log behind, or append to a
+resumed run's. The command boundary (``segattn.cli``) therefore holds file records in memory (``hold``): a
+refused command drops them (``discard``) and its empty run directory is removed; once every check has passed
+the run writes them out and logs to the files directly (``commit``). Records reach stdout as they happen. A
+run refused after the commit keeps its directory only where there is something to keep (it trained,
+``mark_trained``, or the directory was there before); its train.log then ends with the console's line
+(``end_with``).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ class HeldRecords(logging.Handler):
 
 
 class RunState:
-    """What the boundary needs to know of the run in this process: whether it committed to its directory
-    and whether it trained (took an optimizer step), which makes its log worth keeping."""
+    """This process's run as the boundary sees it: committed to its directory; trained (took an optimizer
+    step, which makes its log worth keeping)."""
 
     committed = False
     trained = False
@@ -48,7 +47,7 @@ def hold() -> None:
 
 
 def commit() -> None:
-    """The run owns its directory: write the held records to their files and log to them directly."""
+    """Write the held records to their files and log to them directly: the run owns its directory."""
     RunState.committed = True
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -60,8 +59,8 @@ def commit() -> None:
 
 
 def discard() -> None:
-    """The command was refused and its run dir goes: drop the held records and close the log files (those
-    written since the commit are removed with the run dir)."""
+    """Drop the held records and close the log files of a refused command, whose run dir goes (with any file
+    written since the commit)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, HeldRecords | logging.FileHandler):
@@ -70,13 +69,13 @@ def discard() -> None:
 
 
 def mark_trained() -> None:
-    """The run took an optimizer step: its run dir and log are kept whatever ends it."""
+    """Record that the run took an optimizer step: its run dir and log are kept whatever ends it."""
     RunState.trained = True
 
 
 def end_with(line: str) -> None:
-    """Write ``line`` (what the console shows for a refusal) as the last record of the log files; a log file
-    that cannot be written to (a full disk) is left as it is."""
+    """Write ``line`` (the console's refusal line) as the last record of the log files; one that cannot be
+    written (a full disk) is left as it is."""
     record = logging.LogRecord("segattn", logging.ERROR, __file__, 0, line, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):

@@ -78,7 +78,7 @@ def band_group_of(trainer: Any) -> BandGroup | None:
 
 
 def check_band_loss(dice: float, lovasz: float, ohem_thresh: float | None) -> None:
-    """Only cross entropy without OHEM is a sum over pixels that bands can add up; refuse the rest."""
+    """Refuse a loss that bands cannot add up: only cross entropy without OHEM is a sum over pixels."""
     if dice or lovasz or ohem_thresh is not None:
         raise ValueError(
             f"loss.dice={dice}, loss.lovasz={lovasz}, loss.ohem_thresh={ohem_thresh} "

@@ -16,10 +16,9 @@ from .callbacks import wandb_logger
 
 
 def summarize(trainer: pl.Trainer, module: pl.LightningModule, run_dir: Path) -> dict[str, Any]:
-    """Run dir, best / last checkpoints, W&B run dir, and the final validation scores (percent).
-    ``best_score`` is the best value of ``monitor`` (the checkpoint callback's; ``val/mIoU`` by default),
-    ``best_mIoU`` the same value when that is what is monitored, ``best_step`` the optimizer step it was
-    scored at."""
+    """The run's summary: run dir, best / last checkpoints, W&B run dir and final validation scores (percent).
+    ``best_score`` is the best ``monitor`` value (the checkpoint callback's; ``val/mIoU`` by default),
+    ``best_mIoU`` the same when that is monitored, ``best_step`` the optimizer step it was scored at."""
     checkpoint = trainer.checkpoint_callback
     best_score = getattr(checkpoint, "best_model_score", None)
     best_score = None if best_score is None else float(best_score)

@@ -17,7 +17,7 @@ from torch import Tensor
 from segattn.attention.fused.focus import FocusedAttention
 from segattn.attention.fused.kernel import KernelAttention
 from segattn.attention.fused.polarity import PolarityFeatures
-from segattn.layers import FUNCTION, FUSED_ENV, PLAIN, choose_path
+from segattn.layers import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, loss_path
 from segattn.layers.depthwise import DepthwiseConv
 
 FUNCTIONS: list[type[torch.autograd.Function]] = [
@@ -162,3 +162,23 @@ def test_variants_not_listed_run_no_fused_function(
     monkeypatch.delenv(FUSED_ENV, raising=False)
     forward_and_gradients(build(name, options))
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dtype", "classes", "expected"),
+    [
+        (None, torch.float32, 19, PLAIN),  # the CPU by default: today's loss
+        ("triton", torch.float32, 19, TRITON),
+        ("triton", torch.bfloat16, 128, TRITON),
+        ("triton", torch.float32, 129, PLAIN),  # wider than the kernels' classes
+        ("triton", torch.float64, 19, PLAIN),
+        ("torch", torch.float32, 19, PLAIN),
+    ],
+)
+def test_the_fused_loss_takes_the_triton_path_by_its_rule(
+    monkeypatch: pytest.MonkeyPatch, kernel: str | None, dtype: torch.dtype, classes: int, expected: str
+) -> None:
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    if kernel is not None:
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+    assert loss_path(torch.zeros(1, dtype=dtype), classes) == expected

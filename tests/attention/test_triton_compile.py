@@ -3,10 +3,12 @@ the numerical tests (test_triton_kernels.py) executes the kernels as Python and 
 compiler rejects (types of loop-carried values, shapes ``tl.dot`` refuses, shared memory over the limit).
 
 ``triton.compile`` to a cubin needs no device, only triton's bundled ptxas. It runs in a child process:
-this one has TRITON_INTERPRET=1 (conftest.py), under which ``triton.jit`` makes interpreted functions. Each
-feature map's forward and backward code is compiled once (``keys_backward_kernel`` uses both), each kernel
-with its branches on, the widest head dim with its block size, and the stats and focusing kernels. A second
-child counts the binaries a sweep of token counts needs, from Triton's own specialisation keys.
+this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` makes interpreted functions.
+Each feature map's forward and backward code is compiled once (``backward_kernel``'s second phase uses both),
+each kernel with its branches on, the widest head dim with its block size, and the stats and focusing
+kernels. A second child counts the binaries a sweep of token counts needs, from Triton's own specialisation
+keys. The fused loss's kernels (``training.loss_kernels``) and Mix-FFN's (``layers.depthwise_triton``) are
+checked for spills here too.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
-FLOATS = {"scale", "eps", "map_eps", "power", "factor"}  # the kernels' float arguments; other scalars are i32
+# the kernels' float arguments; other scalars are i32
+FLOATS = {"q_scale", "q_eps", "k_scale", "k_eps", "eps", "power", "factor"}
 SM90 = 90
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100 block may use
 
 
 def arg_type(name: str, constants: dict, half: tuple[str, ...]) -> str:
     """A kernel argument's type by the kernels' naming: constants, ``*_ptr`` pointers (bf16 for the names
-    in ``half``, else fp32), ``FLOATS``, and i32 for every other scalar (sizes, strides)."""
+    in ``half``, i32 for the counters ``sync_ptr``, else fp32), ``FLOATS``, and i32 for every other scalar
+    (sizes, strides)."""
     if name in constants:
         return "constexpr"
+    if name == "sync_ptr":
+        return "*i32"
     if name.endswith("_ptr"):
         return "*bf16" if name in half else "*fp32"
     return "fp32" if name in FLOATS else "i32"
@@ -58,28 +64,28 @@ def compile_all() -> list[str]:
     fp32_wide = Blocks(128, 128, 16, 8, "ieee")  # fp32 heads of 128 with TF32 off
     inputs = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
     lines = []
-    for kind in range(K.POLARITY_SWAPPED + 1):
-        flags = {"KIND": kind, "HAS_BIAS": kind == K.L2}
-        lines.append(build(K.keys_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
-    lines.append(build(K.context_kernel, {**bf16.constants(), "KIND": K.ELU}, bf16.num_warps, inputs))
-    for normalized in (True, False):
+    for kind in range(K.POLARITY_SWAPPED + 1):  # every map forward and backward (the keys' half)
         flags = {
-            "KIND": K.FOCUS if normalized else K.SOFTMAX_D,
-            "NORMALIZED": normalized,
-            "HAS_BIAS": normalized,
+            "Q_KIND": kind,
+            "K_KIND": kind,
+            "NORMALIZED": True,
+            "HAS_BIAS": kind == K.L2,
+            "PHASES": K.BOTH,
         }
-        lines.append(
-            build(K.apply_kernel, {**bf16.constants(), **flags, "HAS_ADDEND": normalized}, 4, inputs)
-        )
-        lines.append(build(K.query_backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+        lines.append(build(K.backward_kernel, {**bf16.constants(), **flags}, bf16.num_warps, inputs))
+    for query_kind, key_kind, normalized in ((K.FOCUS, K.FOCUS, True), (K.SOFTMAX_D, K.SOFTMAX_N, False)):
+        flags = {"Q_KIND": query_kind, "K_KIND": key_kind, "NORMALIZED": normalized, "HAS_BIAS": normalized}
+        constants = {**bf16.constants(), **flags, "PHASES": K.BOTH}
+        lines.append(build(K.forward_kernel, {**constants, "HAS_ADDEND": normalized}, 4, inputs))
+        if not normalized:
+            lines.append(build(K.backward_kernel, constants, bf16.num_warps, inputs))
     polarity = Blocks(64, 16, 32, 8, "tf32")  # pola's bf16 heads of 32: 64 features, half of v per call
-    flags = {"KIND": K.POLARITY, "NORMALIZED": True, "HAS_BIAS": False}
-    warps = polarity.num_warps
-    lines.append(build(K.context_kernel, {**polarity.constants(), "KIND": K.POLARITY}, warps, inputs))
-    lines.append(build(K.apply_kernel, {**polarity.constants(), **flags, "HAS_ADDEND": False}, warps, inputs))
-    lines.append(build(K.query_backward_kernel, {**polarity.constants(), **flags}, warps, inputs))
-    wide = {"KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True}
-    lines.append(build(K.query_backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
+    flags = {"Q_KIND": K.POLARITY, "K_KIND": K.POLARITY_SWAPPED, "NORMALIZED": True, "HAS_BIAS": False}
+    constants, warps = {**polarity.constants(), **flags, "PHASES": K.BOTH}, polarity.num_warps
+    lines.append(build(K.forward_kernel, {**constants, "HAS_ADDEND": False}, warps, inputs))
+    lines.append(build(K.backward_kernel, constants, warps, inputs))
+    wide = {"Q_KIND": K.L2, "K_KIND": K.L2, "NORMALIZED": True, "HAS_BIAS": True, "PHASES": K.BOTH}
+    lines.append(build(K.backward_kernel, {**fp32_wide.constants(), **wide}, fp32_wide.num_warps))
     lines.append(build(K.key_softmax_stats_kernel, {"D": 32, "BLOCK_N": 64}, 4, inputs))
     width, block, warps = focus_blocks(512)
     for fn in (K.focus_stats_kernel, K.focus_backward_kernel):
@@ -89,10 +95,28 @@ def compile_all() -> list[str]:
 
 def spills() -> list[str]:
     """Registers and spill stores a thread of each attention kernel uses on sm_90 at the blocks the launcher
-    plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32, and of Mix-FFN's conv + GELU
-    kernels (``layers.depthwise_triton``) at their blocks for 256 channels (pvt-b0's stage 1) in bf16 and
-    fp32: ptxas's own report (``-v``) of the PTX Triton generates. One line per kernel: "name head dtype
-    registers spills" (head: the channels for Mix-FFN's)."""
+    plans for heads of 32 (pvt-b0) and 64 (vit) in bf16, and 64 in fp32: ptxas's own report (``-v``) of the
+    PTX Triton generates. One line per kernel: "name head dtype registers spills"."""
+    from segattn.attention.triton import kernels as K
+    from segattn.attention.triton.launch import Tuning, planned_blocks
+
+    half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
+    elu = {"Q_KIND": K.ELU, "K_KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False, "PHASES": K.BOTH}
+    cases = {K.backward_kernel: elu, K.forward_kernel: {**elu, "HAS_ADDEND": False}}
+    lines = []
+    for head, dtype in ((32, "bf16"), (64, "bf16"), (64, "fp32")):
+        blocks = planned_blocks(head, head, dtype == "bf16", Tuning())
+        for fn, flags in cases.items():
+            constants = {**blocks.constants(), **flags}
+            halves = half if dtype == "bf16" else ()
+            registers, spilled = ptxas_report(fn, constants, blocks.num_warps, halves, {})
+            lines.append(f"{fn.__name__} {head} {dtype} {registers} {spilled}")
+    return lines
+
+
+def ptxas_report(fn, constants: dict, num_warps: int, half: tuple[str, ...], types: dict) -> tuple[str, str]:
+    """Registers and spill-store bytes a thread of ``fn`` uses on sm_90 (ptxas ``-v`` on Triton's PTX);
+    argument types by ``arg_type``, except those given in ``types``."""
     import re
     import tempfile
 
@@ -100,66 +124,82 @@ def spills() -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from segattn.attention.triton import kernels as K
-    from segattn.attention.triton.launch import Tuning, planned_blocks
-    from segattn.layers import depthwise_triton
-
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    half = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "add_ptr")
+    signature = {name: types.get(name) or arg_type(name, constants, half) for name in fn.arg_names}
+    kernel = triton.compile(
+        ASTSource(fn, signature, constexprs=constants),
+        target=GPUTarget("cuda", SM90, 32),
+        options={"num_warps": num_warps},
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(kernel.asm["ptx"])
+        ptx.flush()
+        report = subprocess.run(
+            [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", report).group(1)
+    return registers, re.search(r"(\d+) bytes spill stores", report).group(1)
 
-    def report(fn, constants: dict, num_warps: int, halves: tuple[str, ...]) -> str:
-        """ "registers spills" of ``fn`` compiled with ``constants``."""
-        signature = {name: arg_type(name, constants, halves) for name in fn.arg_names}
-        kernel = triton.compile(
-            ASTSource(fn, signature, constexprs=constants),
-            target=GPUTarget("cuda", SM90, 32),
-            options={"num_warps": num_warps},
-        )
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-            ptx.write(kernel.asm["ptx"])
-            ptx.flush()
-            report = subprocess.run(
-                [ptxas, "-v", "--gpu-name=sm_90a", ptx.name, "-o", os.devnull],
-                capture_output=True, text=True, check=True,
-            ).stderr  # fmt: skip
-        registers = re.search(r"Used (\d+) registers", report).group(1)
-        spilled = re.search(r"(\d+) bytes spill stores", report).group(1)
-        return f"{registers} {spilled}"
 
+def loss_spills() -> list[str]:
+    """The fused loss's kernels at the blocks ``fused_loss.loss_blocks`` plans for 19 classes (Cityscapes)
+    and 128 (the most it takes), bf16 logits with Dice: "name classes registers spills" per kernel."""
+    from segattn.training import loss_kernels as L
+    from segattn.training.fused_loss import BLOCK_IN, loss_blocks
+
+    half = ("logits_ptr", "dlogits_ptr")
+    tables = ("row_low", "row_high", "col_low", "col_high", "row_start", "row_stop", "col_start", "col_stop")
+    types = {"target_ptr": "*i64", "smoothing": "fp32", **{f"{name}_ptr": "*i32" for name in tables}}
+    lines = []
+    for classes in (19, 128):
+        padded, block, warps = loss_blocks(classes)
+        constants = {"DICE": True, "KP": padded, "BLOCK": block}
+        for fn, extra in ((L.loss_sums_kernel, {}), (L.loss_backward_kernel, {"BLOCK_IN": BLOCK_IN})):
+            registers, spilled = ptxas_report(fn, {**constants, **extra}, warps, half, types)
+            lines.append(f"{fn.__name__} {classes} {registers} {spilled}")
+    return lines
+
+
+def mix_ffn_spills() -> list[str]:
+    """Mix-FFN's conv + GELU kernels at their blocks for 256 channels (pvt-b0's stage 1), bf16 and fp32:
+    "name dtype registers spills" per kernel."""
+    from segattn.layers import depthwise_triton as D
+
+    block_p, block_c = D.blocks(256, compiled=True)
+    rows, columns = D.strips(compiled=True)
     cases = {
-        K.query_backward_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False},
-        K.keys_backward_kernel: {"KIND": K.ELU, "HAS_BIAS": False},
-        K.apply_kernel: {"KIND": K.ELU, "NORMALIZED": True, "HAS_BIAS": False, "HAS_ADDEND": False},
-        K.context_kernel: {"KIND": K.ELU},
+        D.conv_gelu_kernel: {"BLOCK_P": block_p, "BLOCK_C": block_c},
+        D.conv_gelu_backward_kernel: {"ROWS": rows, "BLOCK_W": columns, "BLOCK_C": block_c},
     }
     lines = []
-    for head, dtype in ((32, "bf16"), (64, "bf16"), (64, "fp32")):
-        blocks = planned_blocks(head, head, dtype == "bf16", Tuning())
-        for fn, flags in cases.items():
-            halves = half if dtype == "bf16" else ()
-            usage = report(fn, {**blocks.constants(), **flags}, blocks.num_warps, halves)
-            lines.append(f"{fn.__name__} {head} {dtype} {usage}")
-    block_p, block_c = depthwise_triton.blocks(256, compiled=True)
-    rows, columns = depthwise_triton.strips(compiled=True)
-    mix_ffn = {
-        depthwise_triton.conv_gelu_kernel: {"BLOCK_P": block_p, "BLOCK_C": block_c},
-        depthwise_triton.conv_gelu_backward_kernel: {"ROWS": rows, "BLOCK_W": columns, "BLOCK_C": block_c},
-    }
     for dtype in ("bf16", "fp32"):
-        halves = ("x_ptr", "g_ptr", "out_ptr", "dx_ptr") if dtype == "bf16" else ()
-        for fn, constants in mix_ffn.items():
-            usage = report(fn, constants, depthwise_triton.NUM_WARPS, halves)
-            lines.append(f"{fn.__name__} 256 {dtype} {usage}")
+        half = ("x_ptr", "g_ptr", "out_ptr", "dx_ptr") if dtype == "bf16" else ()
+        for fn, constants in cases.items():
+            registers, spilled = ptxas_report(fn, constants, D.NUM_WARPS, half, {})
+            lines.append(f"{fn.__name__} {dtype} {registers} {spilled}")
     return lines
+
+
+def test_the_mix_ffn_kernels_compile_for_sm90_without_spilling() -> None:
+    """With their nine taps unrolled, at 32 pixels × 64 channels, they spilled: 254 registers and 32 bytes a
+    thread in the forward, 18 KiB in the backward."""
+    rows = [line.split() for line in run_child("mix_ffn").stdout.splitlines()]
+    assert len(rows) == 4, rows
+    assert [row for row in rows if row[3] != "0"] == []
+
+
+def test_the_loss_kernels_compile_for_sm90_without_spilling() -> None:
+    rows = [line.split() for line in run_child("loss").stdout.splitlines()]
+    assert len(rows) == 4, rows
+    assert [row for row in rows if row[3] != "0"] == []
 
 
 def test_no_kernel_spills_registers_at_the_planned_blocks() -> None:
     """Heads of 64 at 64 tokens a block and 4 warps spilled 648 bytes a thread in the query backward kernel
-    (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64. Mix-FFN's
-    kernels spilled with their nine taps unrolled (32 pixels × 64 channels: 254 registers and 32 bytes of
-    spills in the forward, 18 KiB in the backward)."""
+    (bf16); the launcher's plan keeps every kernel within the registers at heads of 32 and 64."""
     rows = [line.split() for line in run_child("spills").stdout.splitlines()]
-    assert len(rows) == 16, rows
+    assert len(rows) == 6, rows
     assert [row for row in rows if row[4] != "0"] == []
 
 
@@ -194,7 +234,7 @@ def variants_over_token_counts() -> list[str]:
 
             return launch
 
-    for name in ("context_kernel", "apply_kernel", "query_backward_kernel", "keys_backward_kernel"):
+    for name in ("forward_kernel", "backward_kernel"):
         setattr(kernels, name, Capture(getattr(kernels, name)))
     launch.planned_programs = lambda device, per_sm: (per_sm or 4) * 132
     phi = FeatureMap("elu")
@@ -218,17 +258,22 @@ def run_child(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_kernel_compiles_for_sm90() -> None:
     child = run_child()
-    assert len(child.stdout.splitlines()) == 21, child.stdout
+    assert len(child.stdout.splitlines()) == 18, child.stdout
 
 
 def test_a_new_token_count_reuses_the_compiled_kernels() -> None:
     """The integers that follow N are not specialised (``kernels.SPLIT_SIZES``): 22 binaries before, over
     these ten N, for one feature map, dtype and head dim."""
     child = run_child("variants")
-    expected = ["apply_kernel 1", "context_kernel 1", "keys_backward_kernel 1", "query_backward_kernel 1"]
+    expected = ["backward_kernel 1", "forward_kernel 1"]
     assert child.stdout.splitlines() == expected, child.stdout
 
 
 if __name__ == "__main__":
-    modes = {"variants": variants_over_token_counts, "spills": spills}
+    modes = {
+        "variants": variants_over_token_counts,
+        "spills": spills,
+        "loss": loss_spills,
+        "mix_ffn": mix_ffn_spills,
+    }
     print("\n".join(modes.get(sys.argv[1] if sys.argv[1:] else "", compile_all)()))

@@ -9,7 +9,7 @@ runs programs one by one. Errors are measured relative to the largest magnitude 
 Tolerances: fp32 1e-5 (measured below 1e-6: summation order); bf16 inputs 2e-2 against the formula on
 the same bf16 values (results are rounded to bf16, 3.9e-3 relative, and fp32 sums of rounded terms).
 
-TRITON_INTERPRET=1 comes from this folder's conftest.py (it must be set before triton is imported).
+TRITON_INTERPRET=1 comes from tests/conftest.py (it must be set before triton is imported).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from attention_reference import build_perturbed, module_reference
 from test_agent_pola import pola_reference
 from test_triton_ops import record_operators
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -249,6 +250,66 @@ def module_case(
 
 @pytest.mark.usefixtures("forced")
 @pytest.mark.parametrize(
+    ("hw", "dim", "dtype"), [((15, 20), 32, torch.float32), ((1, 7), 64, torch.bfloat16)]
+)
+def test_linear_module_equals_the_paper_formula(hw: tuple[int, int], dim: int, dtype: torch.dtype) -> None:
+    """The module hands the kernels its [B, N, C] q, k, v (heads read through strides)."""
+    module_case("linear", {}, hw, dim, dtype)
+
+
+class AtenOps(TorchDispatchMode):
+    """Counts the ATen ops called inside, but not those of Triton's interpreter while a kernel runs (it
+    copies the kernel's tensors in and out: on a GPU the launch is one call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.in_kernel = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.in_kernel:
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.usefixtures("forced")
+def test_a_linear_layer_forward_and_backward_is_two_launches_and_twelve_aten_ops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token mixing of a ``linear`` layer (everything between the qkv and output projections, as
+    ``bench op`` times it) forward and backward: one launch each (the splits of N summed inside the kernel,
+    the normaliser with the output) and 12 ATen ops, all of them its buffers (before: 4 launches, 30 ops)."""
+    counter, launches = AtenOps(), []
+
+    class Counted:
+        def __init__(self, kernel) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(self.kernel.fn.__name__)
+                counter.in_kernel = True
+                try:
+                    return self.kernel[grid](*args, **kwargs)
+                finally:
+                    counter.in_kernel = False
+
+            return launch
+
+    for name in ("forward_kernel", "backward_kernel"):
+        monkeypatch.setattr(KERNELS, name, Counted(getattr(KERNELS, name)))
+    module = build_perturbed("linear", {}, 32, HEADS, 300).to(DEVICE)
+    x = torch.randn(BATCH, 300, 96, generator=torch.Generator().manual_seed(0)).to(DEVICE).requires_grad_()
+    q, k, v = x.chunk(3, dim=-1)  # the qkv projection's output
+    upstream = torch.randn(BATCH, 300, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with counter:
+        torch.autograd.grad(module.mix_tokens(q, k, v, (15, 20)), (q, k, v), upstream)
+    assert launches == ["forward_kernel", "backward_kernel"]
+    assert len(counter.names) <= 12, counter.names
+
+
+@pytest.mark.usefixtures("forced")
+@pytest.mark.parametrize(
     ("hw", "dim", "dtype"), [((1, 7), 32, torch.bfloat16), ((15, 20), 128, torch.float32)]
 )
 def test_flatten_module_equals_the_paper_formula(
@@ -256,11 +317,7 @@ def test_flatten_module_equals_the_paper_formula(
 ) -> None:
     calls = record_operators(monkeypatch)
     module_case("flatten", {}, hw, dim, dtype)
-    assert calls == [
-        "focused_attention",
-        "focused_attention_query_backward",
-        "focused_attention_keys_backward",
-    ]
+    assert calls == ["focused_attention", "focused_attention_backward"]
 
 
 @pytest.mark.usefixtures("forced")

@@ -3,7 +3,7 @@ operator (schema, autograd registration, fake tensors against real results, AOT 
 shapes), ``torch.compile`` of a module on the Triton path keeping the operators (one graph, outputs and
 gradients as in eager), and exporters never seeing them.
 
-On the CPU through Triton's interpreter (this folder's conftest.py); with a CUDA device, compiled. Inputs
+On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled. Inputs
 are tiny: the interpreter runs programs one by one, and opcheck calls each operator several times.
 """
 
@@ -65,17 +65,26 @@ def test_kernel_attention_operators_pass_opcheck(
 ) -> None:
     q, k, v = qkv(5, 16, keys)
     maps = [ops.MAP_KINDS.index(name) for name in names]
-    args = (maps, scalars, tokens, normalize, taylor)
+    args = (maps, scalars, tokens, normalize, taylor, 0)
     opcheck("kernel_attention", (q, k, v, *args))
     with torch.no_grad():
-        out, kv, inv, columns = torch.ops.segattn.kernel_attention(q, k, v, *args)
+        out, *saved = torch.ops.segattn.kernel_attention(q, k, v, *args)
     q, k, v = (t.detach() for t in (q, k, v))
     grad = leaf(*out.shape, seed=1, grad=False)
-    opcheck("kernel_attention_query_backward", (q, grad, kv, inv, maps[0], scalars[:2], taylor))
-    grad_kv = leaf(*kv.shape, seed=2, grad=False)
-    opcheck(
-        "kernel_attention_keys_backward", (k, v, kv, grad_kv, columns, maps[1], scalars[2:5], tokens, taylor)
-    )
+    opcheck("kernel_attention_backward", (q, k, v, grad, saved, maps, scalars, tokens, taylor, 0))
+
+
+def test_kernel_attention_operators_take_tokens_by_channels() -> None:
+    """[B, N, C] q, k, v whose heads the kernels read through strides: the output is [B, N, C] too."""
+    q, k, v = (leaf(1, 5, HEADS * 16, seed=i) for i in range(3))
+    args = ([1, 1], [1.0, 0.0, 1.0, 0.0, 1.0, 1e-6], 1, True, False, HEADS)
+    opcheck("kernel_attention", (q, k, v, *args))
+    with torch.no_grad():
+        out, *saved = torch.ops.segattn.kernel_attention(q, k, v, *args)
+    assert out.shape == v.shape
+    q, k, v = (t.detach() for t in (q, k, v))
+    grad = leaf(*out.shape, seed=1, grad=False)
+    opcheck("kernel_attention_backward", (q, k, v, grad, saved, *args[:2], 1, False, HEADS))
 
 
 def test_focused_attention_operators_pass_opcheck() -> None:
@@ -86,9 +95,7 @@ def test_focused_attention_operators_pass_opcheck() -> None:
         out, kv, inv = torch.ops.segattn.focused_attention(q, k, v, local, scale, 3.0, 1e-6, HEADS)
     q, k, v, scale = (t.detach() for t in (q, k, v, scale))
     grad = leaf(*out.shape, seed=5, grad=False)
-    opcheck("focused_attention_query_backward", (q, grad, kv, inv, scale, 3.0, HEADS))
-    grad_kv = leaf(*kv.shape, seed=6, grad=False)
-    opcheck("focused_attention_keys_backward", (k, v, grad_kv, scale, 3.0, HEADS, 5))
+    opcheck("focused_attention_backward", (q, k, v, grad, [kv, inv], scale, 3.0, HEADS, 5))
 
 
 @pytest.mark.parametrize(("keys", "needs"), [(None, [True, True, True]), (3, [False, True, False])])
@@ -140,13 +147,8 @@ def relative_error(actual: Tensor, expected: Tensor) -> float:
 
 # (variant, options, its forward operator, its backward operators)
 COMPILED = [
-    ("linear", {}, "kernel_attention", ["kernel_attention_query_backward", "kernel_attention_keys_backward"]),
-    (
-        "flatten",
-        {},
-        "focused_attention",
-        ["focused_attention_query_backward", "focused_attention_keys_backward"],
-    ),
+    ("linear", {}, "kernel_attention", ["kernel_attention_backward"]),
+    ("flatten", {}, "focused_attention", ["focused_attention_backward"]),
     ("pola", {}, "polarity_attention", ["polarity_attention_backward"]),
 ]
 

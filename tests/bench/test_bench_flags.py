@@ -50,7 +50,7 @@ def test_a_bad_bench_key_is_one_line_before_any_output(argv, expected, tmp_path,
 def test_triton_without_cuda_and_an_unknown_part_are_refused_up_front(
     argv, expected, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # set in the worker by the attention conftest
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # set by tests/conftest.py
     out = tmp_path / "results"
     assert main([*argv, "grid=smoke", "device=cpu", f"out={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

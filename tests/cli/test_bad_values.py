@@ -75,6 +75,15 @@ CASES = [  # command, arguments ({text}, {file}, {tmp} filled in), expected line
         ["data.augment=[{{_target_:albumentations.HorizontalFlip,pp:0.5}}]"],  # {{ }}: the case is formatted
         "data.augment[0] HorizontalFlip: unexpected argument 'pp'; it takes p",
     ),
+    (  # albumentations' serialised form (A.to_dict's) with a misspelt transform
+        "train.py",
+        [
+            "data.augment={{__version__:'2.0.8',transform:{{__class_fullname__:Compose,p:1.0,"
+            "transforms:[{{__class_fullname__:HorizontalFlipp,p:0.5}}]}}}}"
+        ],
+        "data.augment.transform.transforms[0]: albumentations has no transform 'HorizontalFlipp'; did you "
+        "mean HorizontalFlip",
+    ),
     ("train.py", ["ckpt_path={text}"], f"ckpt_path={{text}}: {TEXT_CKPT}"),
     ("train.py", ["init_from={tmp}/nope.ckpt"], "init_from={tmp}/nope.ckpt: no such checkpoint file"),
     (

@@ -53,6 +53,7 @@ def test_every_group_is_found():
         "wandb",
         "csv",
         "tensorboard",
+        "mlflow",
         "none",
     }
 

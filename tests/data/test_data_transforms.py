@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import albumentations as A
 import numpy as np
 import pytest
 import torch
@@ -10,7 +11,14 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from segattn.data import CatMaxRatioCrop, RandomResize, build_eval_transform, build_train_transform
-from segattn.data.transforms import IMAGENET_MEAN, IMAGENET_STD, WorkerSeeder, max_class_ratio, stream_seed
+from segattn.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    WorkerSeeder,
+    build_augment,
+    max_class_ratio,
+    stream_seed,
+)
 from segattn.errors import ConfigError
 from segattn.record import check_plain_config
 from segattn.training.run import recorded_data_config
@@ -151,6 +159,26 @@ def test_augment_list_in_yaml_reproduces_the_default_pipeline_on_a_fixed_seed():
         np.testing.assert_array_equal(got["mask"], expected["mask"])
 
 
+def serialised(augment_yaml: str) -> dict:
+    """The pipeline of ``_target_`` entries in albumentations' own serialised form (``A.to_dict``), as a
+    YAML config file holds it."""
+    return yaml.safe_load(yaml.safe_dump(A.to_dict(A.Compose(build_augment(yaml.safe_load(augment_yaml))))))
+
+
+def test_augment_in_albumentations_serialised_form_equals_the_target_entries_on_a_fixed_seed():
+    listed = build_train_transform((40, 56), augment=yaml.safe_load(TODAYS_AUGMENT_YAML))
+    pipeline = serialised(TODAYS_AUGMENT_YAML)
+    assert pipeline["transform"]["__class_fullname__"] == "Compose" and "__version__" in pipeline
+    read = build_train_transform((40, 56), augment=pipeline)
+    for seed in range(8):
+        image, mask = _encoded_scene(seed)
+        listed.set_random_seed(seed)
+        read.set_random_seed(seed)
+        expected, got = listed(image=image, mask=mask), read(image=image, mask=mask)
+        np.testing.assert_array_equal(got["image"], expected["image"])
+        np.testing.assert_array_equal(got["mask"], expected["mask"])
+
+
 def test_augment_list_replaces_the_flips_and_colour():
     transform = build_train_transform(
         (48, 64), ratio_range=(1.0, 1.0), augment=[{"_target_": "albumentations.VerticalFlip", "p": 1.0}]
@@ -176,6 +204,41 @@ def test_augment_list_replaces_the_flips_and_colour():
     ],
 )  # fmt: skip
 def test_augment_refuses_an_unknown_transform_or_argument_in_one_line(augment, message):
+    with pytest.raises(ConfigError) as caught:
+        build_train_transform((40, 56), augment=augment)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+BLURR = {"__class_fullname__": "Blurr", "p": 0.5}  # in a OneOf
+
+
+def misspelt(path: tuple, value: object) -> dict:
+    """Today's pipeline in albumentations' serialised form, the value at ``path`` (keys and indices below
+    ``transform``) replaced."""
+    pipeline = serialised(TODAYS_AUGMENT_YAML)
+    node = pipeline["transform"]
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return pipeline
+
+
+@pytest.mark.parametrize(
+    ("augment", "message"),
+    [
+        (misspelt(("transforms", 1, "__class_fullname__"), "VerticalFlipp"),
+         "data.augment.transform.transforms[1]: albumentations has no transform 'VerticalFlipp'; did you "
+         "mean VerticalFlip"),
+        (misspelt(("transforms", 0, "pp"), 0.5),
+         "data.augment.transform.transforms[0] HorizontalFlip: unexpected argument 'pp'; it takes p"),
+        (misspelt(("transforms", 0, "p"), 2), "data.augment: albumentations refused it: 1 validation error"),
+        (misspelt(("transforms", 2), "Rotate"), "data.augment.transform.transforms[2]='Rotate': expected a"),
+        (misspelt(("__class_fullname__",), "Composee"), "data.augment.transform: albumentations has no"),
+        (misspelt(("transforms", 3), {"__class_fullname__": "OneOf", "transforms": [BLURR]}),
+         "data.augment.transform.transforms[3].transforms[0]: albumentations has no transform 'Blurr'"),
+    ],
+)  # fmt: skip
+def test_augment_in_serialised_form_refuses_an_unknown_transform_or_argument_in_one_line(augment, message):
     with pytest.raises(ConfigError) as caught:
         build_train_transform((40, 56), augment=augment)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)

@@ -135,6 +135,20 @@ def test_onnx_export_scores_within_a_tenth_of_a_point(trained, tmp_path):
         evaluate(eval_config(tmp_path / "bare", f"checkpoint={bare}"))
 
 
+def test_a_torchscript_export_scores_as_its_checkpoint(trained, tmp_path):
+    """eval.py checkpoint=<model.pt>: the traced model through the same torch inference as the checkpoint."""
+    out = tmp_path / "ts"
+    checkpoint = trained["best_checkpoint"]
+    args = [f"checkpoint={checkpoint}", "format=torchscript", f"out={out}", "height=32", "width=32"]
+    assert export_main(args) == 0
+    scored = {}
+    for kind, path in (("checkpoint", checkpoint), ("torchscript", out / "model.pt")):
+        payload = evaluate(eval_config(tmp_path / kind, f"checkpoint={path}", "inference.flip=true"))
+        scored[kind] = payload["summary"]["mIoU"]
+        assert payload["format"] == kind
+    assert abs(scored["checkpoint"] - scored["torchscript"]) <= 0.1, scored
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -172,7 +186,7 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"eval.py: checkpoint={tmp_path / 'missing.ckpt'}: no such file or directory; expected a train.py "
-        ".ckpt, an exported safetensors directory or a model.onnx"
+        ".ckpt, an exported safetensors directory, a model.onnx or a TorchScript model.pt"
     ]
     assert not (tmp_path / "evals").exists() or not any((tmp_path / "evals").iterdir())
 

@@ -32,7 +32,7 @@ def test_onnx_export_matches_pytorch_in_onnxruntime(name, tmp_path):
     report = export(model, tiny_record(model), "onnx", tmp_path, size=SIZE)
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     batch, _, height, width = session.get_inputs()[0].shape
-    meta = json.loads(session.get_modelmeta().custom_metadata_map["segattn"])
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["segattn"])["data"]
     assert meta["classes"] == CLASSES and [tuple(c) for c in meta["palette"]] == PALETTE
     rng = np.random.default_rng(0)
     first = rng.standard_normal((1, 3, *SIZE), dtype=np.float32)

@@ -1,5 +1,5 @@
-"""One record, four file forms (checkpoint, exported directory, model.onnx, model.pt): each written by its
-one writer, read back by its one reader to the same ``ModelRecord``; a bad value in any of them is one line
+"""One record, one document in four files (checkpoint, exported directory, model.onnx, model.pt): written by
+one writer, read back by one reader to the same ``ModelRecord``; a bad value in any of them is one line
 naming the file and the key, and a newer ``format_version`` names the one this segattn reads."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 import torch
 import yaml
@@ -21,6 +22,7 @@ from segattn.checkpoints.compat import check_resumable
 from segattn.checkpoints.resume import read_checkpoint, wandb_run_id
 from segattn.errors import FileFormatError
 from segattn.export import export
+from segattn.images import write_classes
 from segattn.record import FORMAT_VERSION, ModelRecord
 from segattn.training import rundir
 
@@ -53,12 +55,13 @@ def forms(tmp_path_factory) -> dict[str, Any]:
     return {"record": record, "folder": folder}
 
 
-def torchscript_record(path: Path) -> ModelRecord:
+def torchscript_extra(path: Path) -> str:
+    """model.pt's extra file segattn.json."""
     extra = {"segattn.json": ""}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.load(str(path), _extra_files=extra)
-    return ModelRecord.from_torchscript_extra(extra, path)
+    return extra["segattn.json"]
 
 
 def test_every_form_reads_back_the_same_record(forms):
@@ -67,7 +70,7 @@ def test_every_form_reads_back_the_same_record(forms):
         "checkpoint": segattn.open_model(folder / "last.ckpt").record,
         "safetensors": segattn.open_model(folder / "safetensors").record,
         "onnx": segattn.open_model(folder / "onnx").record,
-        "torchscript": torchscript_record(folder / "torchscript" / "model.pt"),
+        "torchscript": segattn.open_model(folder / "torchscript" / "model.pt").record,
     }
     assert opened == dict.fromkeys(opened, record)
     assert record.downsample == 4 and opened["onnx"].inference["flip"] is True
@@ -76,11 +79,20 @@ def test_every_form_reads_back_the_same_record(forms):
     # Each file carries the record once: the ONNX and TorchScript exports are the one file alone.
     assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["model.onnx"]
     assert sorted(p.name for p in (folder / "torchscript").iterdir()) == ["model.pt"]
-    assert sorted(p.name for p in (folder / "safetensors").iterdir()) == [
-        "classes.json",
-        "model.safetensors",
-        "model.yaml",
-    ]
+    assert sorted(p.name for p in (folder / "safetensors").iterdir()) == ["model.safetensors", "segattn.json"]
+
+
+def test_every_file_holds_the_same_document(forms):
+    """One form on disk: the same keys and format_version in the checkpoint and in each export."""
+    folder = forms["folder"]
+    document = forms["record"].document()
+    checkpoint = read_checkpoint(folder / "last.ckpt")["segattn"]
+    assert {key: value for key, value in checkpoint.items() if key != "wandb_run_id"} == document
+    onnx_metadata = {p.key: p.value for p in onnx.load(str(folder / "onnx" / "model.onnx")).metadata_props}
+    assert json.loads(onnx_metadata["segattn"]) == document
+    assert json.loads(torchscript_extra(folder / "torchscript" / "model.pt")) == document
+    assert json.loads((folder / "safetensors" / "segattn.json").read_text()) == document
+    assert list(document) == ["format_version", "model", "data", "inference", "versions"]
 
 
 def refusal(error: pytest.ExceptionInfo) -> str:
@@ -89,6 +101,17 @@ def refusal(error: pytest.ExceptionInfo) -> str:
     return message
 
 
+def previous_release_export(directory: Path) -> None:
+    """Turn a safetensors export into the form segattn wrote before segattn.json: model.yaml (the document
+    without classes and palette) and classes.json."""
+    document = json.loads((directory / "segattn.json").read_text())
+    (directory / "segattn.json").unlink()
+    classes, palette = document["data"].pop("classes"), document["data"].pop("palette")
+    (directory / "model.yaml").write_text(yaml.safe_dump(document))
+    write_classes(directory, classes, [tuple(colour) for colour in palette])
+
+
+@pytest.mark.parametrize("name", ["segattn.json", "model.yaml"])
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
@@ -99,18 +122,22 @@ def refusal(error: pytest.ExceptionInfo) -> str:
         (lambda meta: meta.update(versions=["2.14"]), "versions=['2.14']: expected a mapping"),
     ],
 )
-def test_a_bad_model_yaml_names_the_file_and_the_key(forms, tmp_path, edit, expected):
+def test_a_bad_exported_record_names_the_file_and_the_key(forms, tmp_path, name, edit, expected):
+    """segattn.json, and model.yaml of a folder exported before it."""
     directory = tmp_path / "export"
     directory.mkdir()
     for path in (forms["folder"] / "safetensors").iterdir():
         (directory / path.name).write_bytes(path.read_bytes())
-    meta = yaml.safe_load((directory / "model.yaml").read_text())
+    if name == "model.yaml":
+        previous_release_export(directory)
+        assert segattn.open_model(directory).record == forms["record"]
+    meta = yaml.safe_load((directory / name).read_text())  # JSON is YAML
     edit(meta)
-    (directory / "model.yaml").write_text(yaml.safe_dump(meta))
+    (directory / name).write_text(yaml.safe_dump(meta) if name == "model.yaml" else json.dumps(meta))
     with pytest.raises(FileFormatError) as error:
         segattn.open_model(directory)
     message = refusal(error)
-    assert message.startswith(f"{directory / 'model.yaml'}: {expected}"), message
+    assert message.startswith(f"{directory / name}: {expected}"), message
     if "format_version" in expected:
         assert f"this segattn reads format_version {FORMAT_VERSION}" in message
 
@@ -135,24 +162,47 @@ def test_a_bad_checkpoint_record_names_the_file_and_the_key(forms, tmp_path):
     assert "init_from=" in str(error.value)
 
 
+def with_onnx_metadata(source: Path, path: Path, text: str | None) -> Path:
+    """A copy of model.onnx at ``path`` whose 'segattn' metadata is ``text`` (None: none)."""
+    proto = onnx.load(str(source))
+    del proto.metadata_props[:]
+    if text is not None:
+        proto.metadata_props.add(key="segattn", value=text)
+    onnx.save(proto, str(path))
+    return path
+
+
+def with_torchscript_extra(source: Path, path: Path, text: str) -> Path:
+    """A copy of model.pt at ``path`` whose extra file segattn.json is ``text`` ("": none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.jit.load(str(source))
+        torch.jit.save(module, str(path), _extra_files={"segattn.json": text} if text else {})
+    return path
+
+
 def test_bad_embedded_metadata_names_the_file_and_the_key(forms, tmp_path):
-    flat = forms["record"].to_dict()
-    onnx, script = tmp_path / "model.onnx", tmp_path / "model.pt"
+    document, folder = forms["record"].document(), forms["folder"]
+    onnx_file, script = tmp_path / "model.onnx", tmp_path / "model.pt"
     for text, expected in (
-        (json.dumps({**flat, "format_version": 99}), "segattn.format_version=99 is not supported"),
-        (json.dumps({**flat, "classes": "abc"}), "segattn.classes='abc': expected a list"),
+        (json.dumps({**document, "format_version": 99}), "segattn.format_version=99 is not supported"),
+        (
+            json.dumps({**document, "data": {**document["data"], "classes": "abc"}}),
+            "segattn.data.classes='abc': expected a list",
+        ),
         (None, "no 'segattn' metadata"),
         ("{not json", "its 'segattn' metadata is not JSON"),
     ):
         with pytest.raises(FileFormatError) as error:
-            ModelRecord.from_onnx_metadata(text, onnx)
-        assert refusal(error).startswith(f"{onnx}: {expected}")
-    bad = {**flat, "model": {**flat["model"], "num_classes": "abc"}}
+            segattn.open_model(with_onnx_metadata(folder / "onnx" / "model.onnx", onnx_file, text))
+        assert refusal(error).startswith(f"{onnx_file}: {expected}")
+    bad = {**document, "model": {**document["model"], "num_classes": "abc"}}
+    source = folder / "torchscript" / "model.pt"
     with pytest.raises(FileFormatError) as error:
-        ModelRecord.from_torchscript_extra({"segattn.json": json.dumps(bad).encode()}, script)
+        segattn.open_model(with_torchscript_extra(source, script, json.dumps(bad)))
     assert refusal(error).startswith(f"{script}: segattn.json.model.num_classes='abc'")
     with pytest.raises(FileFormatError) as error:
-        ModelRecord.from_torchscript_extra({"segattn.json": ""}, script)
+        segattn.open_model(with_torchscript_extra(source, script, ""))
     assert refusal(error).startswith(f"{script}: no extra file segattn.json")
 
 

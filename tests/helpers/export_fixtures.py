@@ -55,11 +55,16 @@ def tiny_opened(model: nn.Module) -> TrainedModel:
 
 
 def tiny_exports(root: Path, seed: int) -> dict[str, Path]:
-    """A tiny linear-attention model exported into ``root`` as safetensors (``st/``) and ONNX
-    (``onnx/model.onnx``): the two forms predict opens; {format: path}."""
+    """A tiny linear-attention model exported into ``root`` as safetensors (``st/``), ONNX
+    (``onnx/model.onnx``) and TorchScript (``ts/model.pt``): the forms predict opens; {format: path}."""
     from segattn.export import export
 
     model = tiny_model("linear", seed=seed)
     export(model, tiny_record(model), "safetensors", root / "st", size=(32, 32))
     export(model, tiny_record(model), "onnx", root / "onnx", size=(32, 32))
-    return {"safetensors": root / "st", "onnx": root / "onnx" / "model.onnx"}
+    export(model, tiny_record(model), "torchscript", root / "ts", size=(32, 32))
+    return {
+        "safetensors": root / "st",
+        "onnx": root / "onnx" / "model.onnx",
+        "torchscript": root / "ts" / "model.pt",
+    }

@@ -1,18 +1,21 @@
-"""segattn.open_model: checkpoints, exported directories (rebuilt from registry names only) and ONNX."""
+"""segattn.open_model: checkpoints, exported directories (rebuilt from registry names only), ONNX and
+TorchScript."""
 
 from __future__ import annotations
 
+import json
 import os
 
+import numpy as np
 import pytest
 import torch
-import yaml
-from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model, tiny_record
+from export_fixtures import CLASSES, MEAN, PALETTE, STD, tiny_model, tiny_opened, tiny_record
 
 import segattn
 from segattn.checkpoints.loading import save_exported
 from segattn.checkpoints.resume import read_checkpoint
 from segattn.export.command import export
+from segattn.export.command import main as export_main
 
 
 def write_checkpoint(path, model, **overrides):
@@ -86,10 +89,12 @@ def test_pickled_object_in_a_checkpoint_is_refused_not_run(tmp_path):
 
 
 def test_exported_directory_refuses_python_yaml_tags_and_names_missing_weights(tmp_path):
+    """segattn.json is plain JSON; model.yaml, which folders exported before it hold, is read safely."""
     model = tiny_model("linear")
     save_exported(model, tiny_record(model), tmp_path)
-    meta = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    meta = json.loads((tmp_path / "segattn.json").read_text())
     assert meta["model"] == model.config and meta["data"]["mean"] == MEAN
+    (tmp_path / "segattn.json").unlink()
     (tmp_path / "model.yaml").write_text("model: !!python/object/apply:os.system ['echo owned']\n")
     with pytest.raises(ValueError, match="not a plain YAML mapping"):
         segattn.open_model(tmp_path)
@@ -118,7 +123,7 @@ def test_a_missing_model_is_named_with_what_was_expected(tmp_path):
         segattn.open_model(tmp_path / "gone.ckpt")
     assert str(error.value) == (
         f"checkpoint={tmp_path / 'gone.ckpt'}: no such file or directory; expected a train.py .ckpt, an "
-        "exported safetensors directory or a model.onnx"
+        "exported safetensors directory, a model.onnx or a TorchScript model.pt"
     )
 
 
@@ -148,16 +153,43 @@ def torchscript_export(tmp_path_factory):
     return folder
 
 
-def test_a_torchscript_export_is_named_with_what_opens_it(torchscript_export):
-    """Its folder said "missing model.yaml"; its model.pt got torch's message, cut mid-word, advising
-    weights_only=False."""
+def test_a_torchscript_export_predicts_as_the_torch_model_does(torchscript_export):
+    """It was refused ("no segattn command opens"); now its folder or its model.pt opens, and predicts through
+    the torch inference path (batches, flip, slide windows) as the model it was exported from."""
+    model = tiny_model("linear", seed=1)
+    reference = tiny_opened(model)
+    images = [np.random.default_rng(seed).integers(0, 255, (27, 45, 3), dtype=np.uint8) for seed in (0, 1)]
+    settings = {"batch_size": 2, "flip": True, "mode": "slide", "crop": 32, "stride": 16}
     for given in (torchscript_export, torchscript_export / "model.pt"):
-        with pytest.raises(ValueError) as error:
-            segattn.open_model(given)
-        assert str(error.value).startswith(
-            f"checkpoint={given}: a TorchScript export, which torch.jit.load runs (Python or C++) and no "
-            "segattn command opens; give the checkpoint it was exported from; expected a train.py "
-        )
+        opened = segattn.open_model(given, device="cpu")
+        assert (opened.format, opened.record, opened.device) == ("torchscript", tiny_record(model), "cpu")
+        for inference in ({}, settings):
+            for actual, expected in zip(
+                opened.logits(images, **inference), reference.logits(images, **inference), strict=True
+            ):
+                np.testing.assert_allclose(actual, expected, atol=1e-4)
+        assert [ids.tolist() for ids in opened.predict(images)] == [
+            ids.tolist() for ids in reference.predict(images)
+        ]
+
+
+def test_a_torchscript_export_is_named_when_training_starts_from_it(torchscript_export):
+    """ckpt_path and init_from read checkpoints only: a TorchScript export is named with what to give."""
+    with pytest.raises(ValueError) as error:
+        read_checkpoint(torchscript_export / "model.pt", "init_from")
+    assert str(error.value).startswith(
+        f"init_from={torchscript_export / 'model.pt'}: a TorchScript export, which eval and predict run but "
+        "training cannot start from; give the checkpoint it was exported from"
+    )
+
+
+def test_export_starts_from_a_checkpoint_not_from_a_torchscript_export(torchscript_export, tmp_path, capsys):
+    assert export_main([f"checkpoint={torchscript_export}", "format=onnx", f"out={tmp_path / 'out'}"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"segattn.export: {torchscript_export}: a model exported to torchscript runs as it is (python -m "
+        f"segattn.predict checkpoint={torchscript_export}); export from the checkpoint it came from"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_run_folder_given_as_a_model_points_at_its_checkpoints(tmp_path):

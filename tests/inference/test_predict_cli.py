@@ -1,4 +1,5 @@
-"""python -m segattn.predict on a folder with a corrupt file: ONNX without torch, and the torch path."""
+"""python -m segattn.predict on a folder with a corrupt file: ONNX without torch, and the torch path (from
+safetensors and from TorchScript)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SIZES = {"a.png": (37, 53), "b.jpg": (64, 40)}  # (H, W); b is grayscale
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict[str, Path]:
-    """One tiny model exported as safetensors and as ONNX."""
+    """One tiny model exported as safetensors, ONNX and TorchScript."""
     return tiny_exports(tmp_path_factory.mktemp("exported"), seed=3)
 
 
@@ -79,6 +80,26 @@ def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_
         overlay, np.where(background, rgb, np.round(0.5 * rgb + 0.5 * colours)), atol=1
     )
     assert background.any() and not background.all()
+
+
+def test_torch_predict_from_torchscript_matches_the_model(exported, images, tmp_path):
+    """A TorchScript export predicts through the same torch path as the safetensors export: slide, flip."""
+    options = [
+        "inference.mode=slide",
+        "inference.crop=[16,24]",
+        "inference.stride=[8,16]",
+        "inference.flip=true",
+    ]
+    for kind in ("torchscript", "safetensors"):
+        args = [f"checkpoint={exported[kind]}", f"input={images}/*.png", f"out={tmp_path / kind}", *options]
+        assert main(args) == 1  # c.png is not an image
+    for name, size in SIZES.items():
+        if name.endswith(".png"):
+            masks = [
+                np.asarray(Image.open(tmp_path / kind / "masks" / name))
+                for kind in ("torchscript", "safetensors")
+            ]
+            assert masks[0].shape == size and (masks[0] == masks[1]).mean() > 0.999
 
 
 def test_overlay_classes_pick_the_coloured_classes_and_an_unknown_one_is_refused(exported, images, tmp_path):

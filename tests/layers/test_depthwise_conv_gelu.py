@@ -3,8 +3,8 @@ the gradients of input, weight and bias against conv2d(groups=C) + exact GELU in
 both operators, and ``MixFFN`` taking it under SEGATTN_KERNEL=triton with its parameters unchanged, in eager
 mode and compiled, but not when exported.
 
-On the CPU through Triton's interpreter (conftest.py); with a CUDA device, compiled. Sizes are tiny and odd
-(the interpreter runs programs one by one)."""
+On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled. Sizes are tiny
+and odd (the interpreter runs programs one by one)."""
 
 from __future__ import annotations
 

@@ -160,6 +160,12 @@ def test_a_folder_that_is_not_a_segformer_says_what_it_is(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"a folder without config.json \(it holds a.png\)") as err2:
         build_model("pvt", 3, pretrained=str(images))
     assert "\n" not in str(err.value) + str(err2.value)
+    for record in ("segattn.json", "model.yaml"):  # an export, and one written before segattn.json
+        export = tmp_path / record.replace(".", "_")
+        export.mkdir()
+        (export / record).write_text("{}")
+        with pytest.raises(ValueError, match=rf"a segattn export \({record}\), not a SegFormer: open it"):
+            build_model("pvt", 3, pretrained=str(export))
 
 
 def test_segformer_sets_the_architecture_and_refuses_another(segformer) -> None:

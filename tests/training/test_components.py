@@ -5,16 +5,18 @@ anything."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, ClassVar
 
 import pytest
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ProgressBar
-from pytorch_lightning.loggers import Logger
+from pytorch_lightning.loggers import Logger, MLFlowLogger
 from reliability_fixtures import BASE, VIT, compose_run
 
 from segattn.config import plain
-from segattn.errors import ConfigError
+from segattn.errors import ConfigError, translate
 from segattn.training import run as train
 from segattn.training.components import build_group, build_strategy
 from segattn.training.spatial import BandParallelStrategy
@@ -188,3 +190,85 @@ def test_without_a_terminal_no_progress_bar_is_built(tmp_path):
     assert not [callback for callback in trainer.callbacks if isinstance(callback, ProgressBar)]
     built = {type(callback).__name__ for callback in trainer.callbacks}
     assert built >= {"ResumableModelCheckpoint", "ProgressLog", "NonFiniteGuard", "PreemptionCheckpoint"}
+
+
+def test_mlflow_logs_the_config_and_metrics_to_a_file_store_in_the_run_dir(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded: the value the run sets is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    cfg = compose_run(
+        tmp_path, *BASE, *VIT, "logger=mlflow", "trainer.max_epochs=1", "trainer.log_every_n_steps=1"
+    )
+    summary = train.run(cfg)
+    client = MlflowClient(f"file:{tmp_path / 'run' / 'mlflow'}")
+    (logged,) = client.search_runs([client.get_experiment_by_name("segattn").experiment_id])
+    assert (logged.info.status, logged.info.run_name) == ("FINISHED", cfg.run_name)
+    params, metrics = logged.data.params, logged.data.metrics
+    assert (params["model/name"], params["attention/name"]) == ("vit", "linear")
+    assert params["model/embed_dim"] == "32"  # MLflow keeps parameters as text
+    assert params["paths/output_dir"] == str(tmp_path / "run")  # resolved, not an interpolation
+    assert metrics["val/mIoU"] == pytest.approx(summary["best_score"], abs=1e-4) and "train/loss" in metrics
+    assert metrics["test/mIoU"] == pytest.approx(summary["test"]["mIoU"], abs=1e-4)  # logged after fit
+    assert logged.data.tags["attention"] == "linear"
+
+
+@pytest.mark.parametrize(
+    ("tracking_uri", "expected"),
+    [
+        (None, "true"),  # conf/logger/mlflow.yaml's file store in the run dir
+        ("/some/folder", "true"),
+        ("http://127.0.0.1:5000", None),  # a server: not the file store
+    ],
+)
+def test_mlflow_file_store_is_allowed_for_a_local_store(tmp_path, monkeypatch, tracking_uri, expected):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded: the value the run sets is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    overrides = [] if tracking_uri is None else [f"logger.mlflow.tracking_uri={tracking_uri}"]
+    (logger,) = train.build_loggers(compose_run(tmp_path, *BASE, "logger=mlflow", *overrides), None)
+    assert isinstance(logger, MLFlowLogger)
+    assert os.environ.get("MLFLOW_ALLOW_FILE_STORE") == expected
+
+
+def test_mlflow_file_store_refused_by_the_user_stays_refused_in_one_line(tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")
+    with pytest.raises(MlflowException) as raised:
+        train.build_loggers(compose_run(tmp_path, *BASE, "logger=mlflow"), None)
+    error = translate(raised.value)
+    assert isinstance(error, ConfigError) and "\n" not in str(error)
+    assert str(error).startswith("MLflow refused logger.mlflow: The filesystem tracking backend")
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("logger", "packages", "message"),
+    [
+        (
+            "mlflow",
+            ["mlflow"],
+            "MLFlowLogger needs mlflow, which is not installed; pip install 'segattn[mlflow]' "
+            "(mlflow-skinny)",
+        ),
+        (
+            "tensorboard",
+            ["tensorboard", "tensorboardX"],
+            "TensorBoardLogger needs tensorboard, which is not installed; pip install 'segattn[tensorboard]'",
+        ),
+    ],
+)
+def test_a_logger_without_its_package_is_one_line_naming_the_extra_before_the_run_creates_anything(
+    tmp_path, monkeypatch, logger, packages, message
+):
+    for package in packages:
+        monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed
+    monkeypatch.setattr(train, "build_loggers", pytest.fail)
+    monkeypatch.setattr(train, "fit", pytest.fail)
+    with pytest.raises(ConfigError) as error:
+        train.run(compose_run(tmp_path, *BASE, *VIT, f"logger={logger}"))
+    assert str(error.value) == f"logger.{logger}: {message}"
+    assert not (tmp_path / "run").exists()

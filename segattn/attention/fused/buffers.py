@@ -17,7 +17,7 @@ def empty_in_order(like: Tensor, dtype: torch.dtype) -> Tensor:
     of [B, N, C] gets [B, N, C] memory), so results land where the caller's next op reads them."""
     order = sorted(range(like.dim()), key=lambda i: -like.stride(i))
     buffer = torch.empty([like.shape[i] for i in order], dtype=dtype, device=like.device)
-    return buffer.permute([order.index(i) for i in range(like.dim())])
+    return buffer if order == sorted(order) else buffer.permute([order.index(i) for i in range(like.dim())])
 
 
 def zero_scalar(like: Tensor, dtype: torch.dtype) -> Tensor:

@@ -101,7 +101,7 @@ def load_map_stats(
 ):
     """The statistics ``feature_map`` takes (zeros for the maps without): per token (row_ptr [B, N, 2],
     FOCUS) and per channel (col_ptr at bh·col_bh + h·col_h, rows ``col_row`` apart; SOFTMAX_N, FOCUS, and
-    POLARITY's power per input channel)."""
+    POLARITY's power per input channel). ``col_c``, SOFTMAX_N's Σ_n φ·∂φ, is left to the backward kernel."""
     row_a = tl.zeros(rows.shape, dtype=tl.float32)
     row_b = tl.zeros(rows.shape, dtype=tl.float32)
     col_a = tl.zeros(cols.shape, dtype=tl.float32)
@@ -111,7 +111,6 @@ def load_map_stats(
     if KIND == 5:
         col_a = tl.load(base, mask=cols_ok, other=0.0)
         col_b = tl.load(base + col_row, mask=cols_ok, other=0.0)
-        col_c = tl.load(base + 2 * col_row, mask=cols_ok, other=0.0)
     if KIND == 6:
         row_a = tl.load(row_ptr + (b * N + rows) * 2, mask=rows_ok, other=1.0)
         row_b = tl.load(row_ptr + (b * N + rows) * 2 + 1, mask=rows_ok, other=0.0)

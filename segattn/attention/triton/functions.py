@@ -11,13 +11,15 @@ as one graph node, with the autograd formula below registered on it (``register_
 (``Direct``), without the operator dispatch.
 
 On a band of a split image (``segattn.parallel``) the context and, in backward, its gradient are summed over
-the bands between the kernels (``token_reducer``, captured when the forward runs: the backward runs after
-the split has ended), exactly where the PyTorch path sums them.
+the bands between the kernels' two phases (``ops.band_sum``; the split is captured when the forward runs
+and entered again for the backward, which runs after it has ended), exactly where the PyTorch path sums
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +27,8 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
 
-from ...parallel import token_count, token_reducer
+from ...parallel import active_split, token_count
+from ...parallel.bands import Split, splitting
 from . import ops
 from .ops import MAP_KINDS, heads_view, inverse_scale
 
@@ -70,35 +73,42 @@ class Direct(torch.autograd.Function):
         return None, *FORMULAS[ctx.name][1](ctx, grad)
 
 
-def kernel_attention_triton(q: Tensor, k: Tensor, v: Tensor, core: KernelCore) -> Tensor:
+def on_split(split: Split | None) -> AbstractContextManager:
+    """The split of an image the forward ran on, active again for its backward (which runs after the split
+    has ended), so that the backward operator sums over the same bands."""
+    return nullcontext() if split is None else splitting(split.group, split.band)
+
+
+def kernel_attention_triton(q: Tensor, k: Tensor, v: Tensor, core: KernelCore, heads: int = 0) -> Tensor:
     """The kernel-attention ``core`` (``functional.KernelCore``) on the Triton kernels. q, k, v: [B, h, N, d]
-    views of any strides in fp32/bf16/fp16 (CUDA, or the CPU under Triton's interpreter); computed in fp32
-    whatever autocast says; the result has v's shape, dtype and memory order."""
+    views of any strides, or (``heads`` > 0) [B, N, C] tensors whose heads the kernels read through
+    strides, in fp32/bf16/fp16 (CUDA, or the CPU under Triton's interpreter); computed in fp32 whatever
+    autocast says; the result has v's shape, dtype and memory order."""
     phi_q, phi_k = core.query_map, core.key_map
     maps = [MAP_KINDS.index(phi_q.name), MAP_KINDS.index(phi_k.name)]
     scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, 1.0, core.eps]
     tokens = token_count(k.shape[-2]) if core.mean else 1
-    return run("kernel_attention", q, k, v, maps, scalars, tokens, core.normalize, core.taylor_term)[0]
+    options = (core.normalize, core.taylor_term, heads)
+    return run("kernel_attention", q, k, v, maps, scalars, tokens, *options)[0]
 
 
 def kernel_setup(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, maps, scalars, tokens, _, taylor = inputs
+    q, k, v, maps, scalars, tokens, _, taylor, heads = inputs
     _, kv, inv, columns = output
     ctx.mark_non_differentiable(kv, inv, columns)
     ctx.save_for_backward(q, k, v, kv, inv, columns)
-    ctx.maps, ctx.scalars, ctx.tokens, ctx.taylor, ctx.reduce = maps, scalars, tokens, taylor, token_reducer()
+    ctx.maps, ctx.scalars, ctx.tokens, ctx.taylor, ctx.heads = maps, scalars, tokens, taylor, heads
+    ctx.split = active_split()
     ctx.impl = torch.ops.segattn
 
 
 def kernel_backward(ctx, grad: Tensor, *_) -> tuple:
-    q, k, v, kv, inv, columns = ctx.saved_tensors
-    (query_map, key_map), scalars, taylor, impl = ctx.maps, ctx.scalars, ctx.taylor, ctx.impl
-    grad_q, grad_kv = impl.kernel_attention_query_backward(q, grad, kv, inv, query_map, scalars[:2], taylor)
-    grad_kv = ctx.reduce(grad_kv)
-    grad_k, grad_v = impl.kernel_attention_keys_backward(
-        k, v, kv, grad_kv, columns, key_map, scalars[2:5], ctx.tokens, taylor
-    )
-    return grad_q, grad_k, grad_v, None, None, None, None, None
+    q, k, v, *saved = ctx.saved_tensors
+    with on_split(ctx.split):
+        grads = ctx.impl.kernel_attention_backward(
+            q, k, v, grad, saved, ctx.maps, ctx.scalars, ctx.tokens, ctx.taylor, ctx.heads
+        )
+    return *grads, None, None, None, None, None, None
 
 
 def focused_attention_triton(
@@ -115,21 +125,19 @@ def focused_setup(ctx, inputs: tuple, output: tuple) -> None:
     _, kv, inv = output
     ctx.mark_non_differentiable(kv, inv)
     ctx.save_for_backward(q, k, v, scale, kv, inv)
-    ctx.power, ctx.heads, ctx.tokens, ctx.reduce = power, heads, token_count(k.shape[1]), token_reducer()
+    ctx.power, ctx.heads, ctx.tokens, ctx.split = power, heads, token_count(k.shape[1]), active_split()
     ctx.impl = torch.ops.segattn
 
 
 def focused_backward(ctx, grad: Tensor, *_) -> tuple:
-    q, k, v, scale, kv, inv = ctx.saved_tensors
-    power, heads, impl = ctx.power, ctx.heads, ctx.impl
-    grad_q, grad_kv, grad_inv = impl.focused_attention_query_backward(q, grad, kv, inv, scale, power, heads)
-    grad_kv = ctx.reduce(grad_kv)
-    grad_k, grad_v, grad_inv_k = impl.focused_attention_keys_backward(
-        k, v, grad_kv, scale, power, heads, ctx.tokens
-    )
+    q, k, v, scale, *saved = ctx.saved_tensors
+    with on_split(ctx.split):
+        grad_q, grad_k, grad_v, grad_inv = ctx.impl.focused_attention_backward(
+            q, k, v, grad, saved, scale, ctx.power, ctx.heads, ctx.tokens
+        )
     # d(1/softplus(s))/ds = −sigmoid(s)·(1/softplus(s))²
-    grad_scale = -(grad_inv + grad_inv_k) * inverse_scale(scale).square() * torch.sigmoid(scale.float())
-    return grad_q, grad_k, grad_v, heads_view(grad, heads), grad_scale.to(scale.dtype), None, None, None
+    grad_scale = -grad_inv * inverse_scale(scale).square() * torch.sigmoid(scale.float())
+    return grad_q, grad_k, grad_v, heads_view(grad, ctx.heads), grad_scale.to(scale.dtype), None, None, None
 
 
 def polarity_attention_triton(q: Tensor, k: Tensor, v: Tensor, power: Tensor, eps: float) -> Tensor:

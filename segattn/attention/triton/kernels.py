@@ -5,14 +5,18 @@ Every kernel reads q, k, v through their strides (any [B, h, N, d] view, fp32/bf
 feature maps in registers from them and accumulates in fp32; nothing of size N × d is written besides the
 results. Head dims are padded to the power of two ``D`` (at least 16, what ``tl.dot`` needs) and masked.
 
-- ``context_kernel``: grid (B·h, splits of N); each program sums φk(k)ᵀ[v | 1], Σv and its token count
-  over its share of the tokens into a [d + 1, dv + 1] partial; the caller sums the partials (and, on a
-  band of a split image, all-reduces the sum) before applying it.
-- ``apply_kernel``: grid (blocks of N, B·h); out = (φq S + β) / (φq z + β₀ + eps) (+ an addend), and 1/den
-  per token for backward.
-- ``query_backward_kernel``: grid (B·h, splits); ∂q from the output gradient and the context, and the
-  partial context gradient Ãᵀ[ĝ | −r] with Ã = [φq | 1] (its last row is ∂β), summed like the context.
-- ``keys_backward_kernel``: grid (blocks of N, B·h); ∂k and ∂v from the summed context gradient.
+- ``forward_kernel``: the context, then out = (φq S + β) / (φq z + β₀ + eps) (+ an addend) and 1/den per
+  token for backward. Its first B·h·splits programs each sum φk(k)ᵀ[v | 1], Σv and its token count over
+  a share of a head's keys into a [d + 1, dv + 1] partial; the last of a head's splits to finish adds
+  them up (``publish``); the programs after them apply the summed context to blocks of queries.
+- ``backward_kernel``: the same two phases backward: ∂q and the partial context gradient Ãᵀ[ĝ | −r] with
+  Ã = [φq | 1] (its last row is ∂β), summed like the context, then ∂k and ∂v from that sum.
+
+Both run their phases in one launch (``PHASES`` BOTH: a program of the second phase spins until its
+head's sum is published; programs take their place by a ticket drawn when they start, so they only wait
+on running ones), or as two launches (REDUCE, then MAP) where the caller must sum over the bands of a split
+image in between. ``sync_ptr``: per head the count of published splits, then the ticket counter; zeroed
+by the caller.
 - ``key_softmax_stats_kernel``: per split, each channel's max and Σexp over the tokens (Efficient
   Attention's key softmax runs over N: the caller combines the splits into max and 1/Σexp).
 - ``focus_stats_kernel`` / ``focus_backward_kernel``: FLatten's focusing map over all C channels of a
@@ -20,7 +24,8 @@ results. Head dims are padded to the power of two ``D`` (at least 16, what ``tl.
   focusing map's backward from ∂f with the partial gradient of 1/softplus(scale).
 
 Grids over blocks of tokens put them on axis 0 (CUDA's other axes stop at 65,535 programs: 4M tokens in
-blocks of 64), and offsets into q, k, v and the results are 64-bit (a tensor may pass 2³¹ elements).
+blocks of 64; the two-phase kernels have a single axis), and offsets into q, k, v and the results are
+64-bit (a tensor may pass 2³¹ elements).
 
 Feature maps (``KIND``; the device functions that compute them and load blocks are ``feature_maps``):
 IDENTITY c·x, ELU elu(x) + 1, RELU max(x, 0), L2 x / max(‖x‖, eps), SOFTMAX_D softmax over the head's
@@ -53,186 +58,274 @@ if (type(tl.sum).__name__ == "InterpretedFunction") != INTERPRETED:
     )
 
 IDENTITY, ELU, RELU, L2, SOFTMAX_D, SOFTMAX_N, FOCUS, POLARITY, POLARITY_SWAPPED = range(9)
+REDUCE, MAP, BOTH = 1, 2, 3  # the PHASES of a launch of forward_kernel or backward_kernel
 # Integers that follow the token count: not specialised (N = 1, N % 16 = 0), so a new N reuses the binary
-SPLIT_SIZES = ("N", "blocks_per_split", "num_blocks")
-
-
-@triton.jit(do_not_specialize=SPLIT_SIZES)
-def context_kernel(
-    k_ptr, v_ptr, part_ptr, row_ptr, col_ptr,
-    skb, skh, skn, skc, svb, svh, svn, svc,
-    H, N, d, dv, blocks_per_split, num_blocks, col_bh, col_h, col_row,
-    scale, eps, power,
-    KIND: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
-    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
-    cols_ok, vcols_ok = cols < d, vcols < dv
-    k_base, v_base = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
-    acc = tl.zeros([D, DV], dtype=tl.float32)
-    acc_z = tl.zeros([D], dtype=tl.float32)
-    acc_v = tl.zeros([DV], dtype=tl.float32)
-    count = tl.zeros([BLOCK_N], dtype=tl.float32)  # tokens seen, per row of the block
-    start = split * blocks_per_split
-    for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
-        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows_ok = rows < N
-        row_a, row_b, col_a, col_b, _ = load_map_stats(
-            row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
-        )
-        x = load_input(k_base, rows, rows_ok, cols, cols_ok, skn, skc, d, KIND)
-        phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
-        values = load_block(v_base, rows, rows_ok, vcols, vcols_ok, svn, svc)
-        acc += tl.dot(tl.trans(phi), values, input_precision=PRECISION)
-        acc_z += tl.sum(phi, axis=0)
-        acc_v += tl.sum(values, axis=0)
-        count += rows_ok.to(tl.float32)
-    base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
-    tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
-    tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
-    tl.store(base + d * (dv + 1) + vcols, acc_v, mask=vcols_ok)
-    tl.store(base + d * (dv + 1) + dv, tl.sum(count, axis=0))
+SPLIT_SIZES = ("BH", "N", "M", "splits", "blocks_per_split", "num_blocks")
 
 
 @triton.jit
-def load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok):
-    """S [D, DV], z [D], β [DV] and β₀ of one head from the extended context [B·h, d + 1, dv + 1]."""
-    base = ctx_ptr + bh * (d + 1) * (dv + 1)
+def place_of_program(sync_ptr, BH, reducers, PHASES: tl.constexpr):
+    """This program's place in the grid's list of work: below ``reducers`` a share of a head's reduction,
+    from there a block of its application. With both phases in one grid (BOTH) the place is a ticket drawn
+    when the program starts, so a program waits only on programs already running (never on one the GPU
+    has not scheduled yet)."""
+    place = tl.program_id(0)
+    if PHASES == 3:
+        place = tl.atomic_add(sync_ptr + BH, 1)
+    if PHASES == 2:
+        place += reducers
+    return place
+
+
+@triton.jit
+def load_context(ptr, d, dv, cols, cols_ok, vcols, vcols_ok):
+    """S [D, DV], z [D], β [DV] and β₀ of one extended context [d + 1, dv + 1] at ``ptr``."""
     s = tl.load(
-        base + cols[:, None] * (dv + 1) + vcols[None, :], mask=cols_ok[:, None] & vcols_ok[None, :], other=0.0
+        ptr + cols[:, None] * (dv + 1) + vcols[None, :], mask=cols_ok[:, None] & vcols_ok[None, :], other=0.0
     )
-    z = tl.load(base + cols * (dv + 1) + dv, mask=cols_ok, other=0.0)
-    beta = tl.load(base + d * (dv + 1) + vcols, mask=vcols_ok, other=0.0)
-    beta0 = tl.load(base + d * (dv + 1) + dv)
-    return s, z, beta, beta0
+    z = tl.load(ptr + cols * (dv + 1) + dv, mask=cols_ok, other=0.0)
+    beta = tl.load(ptr + d * (dv + 1) + vcols, mask=vcols_ok, other=0.0)
+    return s, z, beta, tl.load(ptr + d * (dv + 1) + dv)
 
 
-@triton.jit(do_not_specialize=("N",))
-def apply_kernel(
-    q_ptr, ctx_ptr, out_ptr, inv_ptr, add_ptr, row_ptr, col_ptr,
-    sqb, sqh, sqn, sqc, sob, soh, son, soc, sab, sah, san, sac,
-    H, N, d, dv, col_bh, col_h, col_row,
-    scale, map_eps, power, eps,
-    KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ADDEND: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+@triton.jit
+def store_context(ptr, d, dv, s, z, beta, beta0, cols, cols_ok, vcols, vcols_ok):
+    tl.store(ptr + cols[:, None] * (dv + 1) + vcols[None, :], s, mask=cols_ok[:, None] & vcols_ok[None, :])
+    tl.store(ptr + cols * (dv + 1) + dv, z, mask=cols_ok)
+    tl.store(ptr + d * (dv + 1) + vcols, beta, mask=vcols_ok)
+    tl.store(ptr + d * (dv + 1) + dv, beta0)
+
+
+@triton.jit
+def publish(
+    part_ptr, sum_ptr, sync_ptr, bh, split, splits, BH, d, dv, factor,
+    s, z, beta, beta0, cols, cols_ok, vcols, vcols_ok,
 ):  # fmt: skip
-    block, bh = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
-    cols, vcols = tl.arange(0, D), tl.arange(0, DV)
-    cols_ok, vcols_ok = cols < d, vcols < dv
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_ok = rows < N
-    row_a, row_b, col_a, col_b, _ = load_map_stats(
-        row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+    """Store this program's share of head ``bh``'s extended sum; the last of its splits to finish adds the
+    shares in split order (the same sum every run) into ``sum_ptr`` ([S | z] times ``factor``) and marks
+    the head ready: its counter in ``sync_ptr`` reaches splits + 1."""
+    size = (d + 1) * (dv + 1)
+    store_context(
+        part_ptr + (split * BH + bh) * size, d, dv, s, z, beta, beta0, cols, cols_ok, vcols, vcols_ok
     )
-    x = load_input(q_ptr + b * sqb + h * sqh, rows, rows_ok, cols, cols_ok, sqn, sqc, d, KIND)
-    phi = feature_map(x, rows_ok, cols_ok, KIND, scale, map_eps, power, row_a, row_b, col_a, col_b)
-    s, z, beta, beta0 = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
-    out = tl.dot(phi, s, input_precision=PRECISION)
-    if NORMALIZED:
-        den = tl.sum(phi * z[None, :], axis=1) + eps
-        if HAS_BIAS:
-            out += beta[None, :]
-            den += beta0
-        inv = 1.0 / den
-        out = out * inv[:, None]
-        tl.store(inv_ptr + bh * N + rows, inv, mask=rows_ok)
-    mask = rows_ok[:, None] & vcols_ok[None, :]
-    if HAS_ADDEND:
-        out += load_block(add_ptr + b * sab + h * sah, rows, rows_ok, vcols, vcols_ok, san, sac)
-    offsets = out_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * son + vcols[None, :] * soc
-    tl.store(offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # every thread's stores before the release below
+    if tl.atomic_add(sync_ptr + bh, 1) == splits - 1:
+        tl.debug_barrier()
+        total_s, total_z = tl.zeros_like(s), tl.zeros_like(z)
+        total_beta, total_beta0 = tl.zeros_like(beta), tl.sum(tl.zeros_like(beta), axis=0)
+        for i in range(splits):
+            s_i, z_i, beta_i, beta0_i = load_context(
+                part_ptr + (i * BH + bh) * size, d, dv, cols, cols_ok, vcols, vcols_ok
+            )
+            total_s, total_z, total_beta, total_beta0 = (
+                total_s + s_i,
+                total_z + z_i,
+                total_beta + beta_i,
+                total_beta0 + beta0_i,
+            )
+        store_context(
+            sum_ptr + bh * size, d, dv, total_s * factor, total_z * factor, total_beta, total_beta0,
+            cols, cols_ok, vcols, vcols_ok,
+        )  # fmt: skip
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + bh, 1)
+
+
+@triton.jit
+def wait_until_ready(sync_ptr, bh, splits, PHASES: tl.constexpr):
+    """In a grid of both phases, spin until head ``bh``'s sum is complete (``publish``)."""
+    if PHASES == 3:
+        ready = tl.atomic_add(sync_ptr + bh, 0)
+        while ready <= splits:
+            ready = tl.atomic_add(sync_ptr + bh, 0)
+        tl.debug_barrier()
 
 
 @triton.jit(do_not_specialize=SPLIT_SIZES)
-def query_backward_kernel(
-    q_ptr, g_ptr, ctx_ptr, inv_ptr, dq_ptr, part_ptr, row_ptr, col_ptr,
-    sqb, sqh, sqn, sqc, sgb, sgh, sgn, sgc, sdb, sdh, sdn, sdc,
-    H, N, d, dv, blocks_per_split, num_blocks, col_bh, col_h, col_row,
-    scale, eps, power,
-    KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
+def forward_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ctx_ptr, inv_ptr, part_ptr, sync_ptr, add_ptr,
+    q_row_ptr, k_row_ptr, col_ptr,
+    sqb, sqh, sqn, sqc, skb, skh, skn, skc, svb, svh, svn, svc, sob, soh, son, soc, sab, sah, san, sac,
+    BH, H, N, M, d, dv, splits, blocks_per_split, num_blocks, col_bh, col_h, col_row,
+    q_scale, q_eps, k_scale, k_eps, power, factor, eps,
+    Q_KIND: tl.constexpr, K_KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_ADDEND: tl.constexpr, PHASES: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # With ĝ = g/den, P = ĝ Sᵀ, r = (Σ_c φ_c P_c + ĝ·β)/den: ∂φ = P − r zᵀ and ∂[S̃] += [φ | 1]ᵀ[ĝ | −r].
-    bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
-    s, z, beta, _ = load_context(ctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
-    acc = tl.zeros([D, DV], dtype=tl.float32)
-    acc_z = tl.zeros([D], dtype=tl.float32)
-    acc_beta = tl.zeros([DV], dtype=tl.float32)
-    acc_beta0 = tl.zeros([BLOCK_N], dtype=tl.float32)  # −Σ r, per row of the block
-    q_base, g_base = q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh
-    start = split * blocks_per_split
-    for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+    place = place_of_program(sync_ptr, BH, BH * splits, PHASES)
+    if place < BH * splits:  # the context: this split's share of the M keys of head bh
+        bh, split = place % BH, place // BH
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        k_base, v_base = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
+        acc = tl.zeros([D, DV], dtype=tl.float32)
+        acc_z = tl.zeros([D], dtype=tl.float32)
+        acc_v = tl.zeros([DV], dtype=tl.float32)
+        count = tl.zeros([BLOCK_N], dtype=tl.float32)  # tokens seen, per row of the block
+        start = split * blocks_per_split
+        for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+            rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+            rows_ok = rows < M
+            row_a, row_b, col_a, col_b, _ = load_map_stats(
+                k_row_ptr,
+                col_ptr,
+                b,
+                bh,
+                h,
+                M,
+                d,
+                rows,
+                rows_ok,
+                cols,
+                cols_ok,
+                col_bh,
+                col_h,
+                col_row,
+                K_KIND,
+            )
+            x = load_input(k_base, rows, rows_ok, cols, cols_ok, skn, skc, d, K_KIND)
+            phi = feature_map(x, rows_ok, cols_ok, K_KIND, k_scale, k_eps, power, row_a, row_b, col_a, col_b)
+            values = load_block(v_base, rows, rows_ok, vcols, vcols_ok, svn, svc)
+            acc += tl.dot(tl.trans(phi), values, input_precision=PRECISION)
+            acc_z += tl.sum(phi, axis=0)
+            acc_v += tl.sum(values, axis=0)
+            count += rows_ok.to(tl.float32)
+        publish(
+            part_ptr, ctx_ptr, sync_ptr, bh, split, splits, BH, d, dv, factor,
+            acc, acc_z, acc_v, tl.sum(count, axis=0), cols, cols_ok, vcols, vcols_ok,
+        )  # fmt: skip
+    else:  # out = (φq S + β) / (φq z + β₀ + eps) (+ an addend) for a block of head bh's N queries
+        bh, block = (place - BH * splits) % BH, (place - BH * splits) // BH
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_ok = rows < N
-        row_a, row_b, col_a, col_b, col_c = load_map_stats(
-            row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
+        row_a, row_b, col_a, col_b, _ = load_map_stats(
+            q_row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, Q_KIND
         )
-        x = load_input(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc, d, KIND)
-        phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
-        grad = load_block(g_base, rows, rows_ok, vcols, vcols_ok, sgn, sgc)
+        x = load_input(q_ptr + b * sqb + h * sqh, rows, rows_ok, cols, cols_ok, sqn, sqc, d, Q_KIND)
+        phi = feature_map(x, rows_ok, cols_ok, Q_KIND, q_scale, q_eps, power, row_a, row_b, col_a, col_b)
+        wait_until_ready(sync_ptr, bh, splits, PHASES)
+        s, z, beta, beta0 = load_context(
+            ctx_ptr + bh * (d + 1) * (dv + 1), d, dv, cols, cols_ok, vcols, vcols_ok
+        )
+        out = tl.dot(phi, s, input_precision=PRECISION)
         if NORMALIZED:
-            inv = tl.load(inv_ptr + bh * N + rows, mask=rows_ok, other=0.0)
-            grad = grad * inv[:, None]
-            p = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
-            r = tl.sum(phi * p, axis=1)
+            den = tl.sum(phi * z[None, :], axis=1) + eps
             if HAS_BIAS:
-                r += tl.sum(grad * beta[None, :], axis=1)
-            r = r * inv
-            dphi = p - r[:, None] * z[None, :]
-            acc_z -= tl.sum(phi * r[:, None], axis=0)
-            acc_beta += tl.sum(grad, axis=0)
-            acc_beta0 -= r
-        else:
-            dphi = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
-        acc += tl.dot(tl.trans(phi), grad, input_precision=PRECISION)
-        dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
-        offsets = dq_ptr + b * sdb + h * sdh + rows[:, None].to(tl.int64) * sdn + cols[None, :] * sdc
-        tl.store(offsets, dx.to(dq_ptr.dtype.element_ty), mask=rows_ok[:, None] & cols_ok[None, :])
-    base = part_ptr + (split * tl.num_programs(0) + bh) * (d + 1) * (dv + 1)
-    tl.store(base + cols[:, None] * (dv + 1) + vcols[None, :], acc, mask=cols_ok[:, None] & vcols_ok[None, :])
-    tl.store(base + cols * (dv + 1) + dv, acc_z, mask=cols_ok)
-    tl.store(base + d * (dv + 1) + vcols, acc_beta, mask=vcols_ok)
-    tl.store(base + d * (dv + 1) + dv, tl.sum(acc_beta0, axis=0))
+                out += beta[None, :]
+                den += beta0
+            inv = 1.0 / den
+            out = out * inv[:, None]
+            tl.store(inv_ptr + bh * N + rows, inv, mask=rows_ok)
+        mask = rows_ok[:, None] & vcols_ok[None, :]
+        if HAS_ADDEND:
+            out += load_block(add_ptr + b * sab + h * sah, rows, rows_ok, vcols, vcols_ok, san, sac)
+        offsets = out_ptr + b * sob + h * soh + rows[:, None].to(tl.int64) * son + vcols[None, :] * soc
+        tl.store(offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=("N",))
-def keys_backward_kernel(
-    k_ptr, v_ptr, gctx_ptr, dk_ptr, dv_ptr, row_ptr, col_ptr,
-    skb, skh, skn, skc, svb, svh, svn, svc, sdkb, sdkh, sdkn, sdkc, sdvb, sdvh, sdvn, sdvc,
-    H, N, d, dv, col_bh, col_h, col_row,
-    scale, eps, power, factor,
-    KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+@triton.jit(do_not_specialize=SPLIT_SIZES)
+def backward_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, ctx_ptr, inv_ptr, dq_ptr, dk_ptr, dv_ptr, gctx_ptr, part_ptr, sync_ptr,
+    q_row_ptr, k_row_ptr, col_ptr,
+    sqb, sqh, sqn, sqc, skb, skh, skn, skc, svb, svh, svn, svc, sgb, sgh, sgn, sgc,
+    sdqb, sdqh, sdqn, sdqc, sdkb, sdkh, sdkn, sdkc, sdvb, sdvh, sdvn, sdvc,
+    BH, H, N, M, d, dv, splits, blocks_per_split, num_blocks, col_bh, col_h, col_row,
+    q_scale, q_eps, k_scale, k_eps, power, factor,
+    Q_KIND: tl.constexpr, K_KIND: tl.constexpr, NORMALIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PHASES: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # ∂φk = c(v ∂Sᵀ + 1 ∂zᵀ), ∂v = c φk ∂S (+ 1 ∂β for Taylor's Σv); ∂z is 0 without a normaliser.
-    block, bh = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     cols, vcols = tl.arange(0, D), tl.arange(0, DV)
     cols_ok, vcols_ok = cols < d, vcols < dv
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_ok = rows < N
-    ds, dz, dbeta, _ = load_context(gctx_ptr, bh, d, dv, cols, cols_ok, vcols, vcols_ok)
-    row_a, row_b, col_a, col_b, col_c = load_map_stats(
-        row_ptr, col_ptr, b, bh, h, N, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, KIND
-    )
-    x = load_input(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc, d, KIND)
-    phi = feature_map(x, rows_ok, cols_ok, KIND, scale, eps, power, row_a, row_b, col_a, col_b)
-    values = load_block(v_ptr + b * svb + h * svh, rows, rows_ok, vcols, vcols_ok, svn, svc)
-    dphi = (tl.dot(values, tl.trans(ds), input_precision=PRECISION) + dz[None, :]) * factor
-    dvalues = tl.dot(phi, ds, input_precision=PRECISION) * factor
-    if HAS_BIAS:
-        dvalues += dbeta[None, :]
-    dx = feature_map_backward(x, phi, dphi, cols_ok, KIND, scale, eps, col_c)
-    mask_k, mask_v = rows_ok[:, None] & cols_ok[None, :], rows_ok[:, None] & vcols_ok[None, :]
-    dk_offsets = dk_ptr + b * sdkb + h * sdkh + rows[:, None].to(tl.int64) * sdkn + cols[None, :] * sdkc
-    tl.store(dk_offsets, dx.to(dk_ptr.dtype.element_ty), mask=mask_k)
-    dv_offsets = dv_ptr + b * sdvb + h * sdvh + rows[:, None].to(tl.int64) * sdvn + vcols[None, :] * sdvc
-    tl.store(dv_offsets, dvalues.to(dv_ptr.dtype.element_ty), mask=mask_v)
+    size = (d + 1) * (dv + 1)
+    place = place_of_program(sync_ptr, BH, BH * splits, PHASES)
+    if place < BH * splits:
+        # ∂q of this split's queries and its share of the context gradient: with ĝ = g/den, P = ĝ Sᵀ,
+        # r = (Σ_c φ_c P_c + ĝ·β)/den: ∂φ = P − r zᵀ and ∂[S̃] += [φ | 1]ᵀ[ĝ | −r].
+        bh, split = place % BH, place // BH
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        s, z, beta, _ = load_context(ctx_ptr + bh * size, d, dv, cols, cols_ok, vcols, vcols_ok)
+        acc = tl.zeros([D, DV], dtype=tl.float32)
+        acc_z = tl.zeros([D], dtype=tl.float32)
+        acc_beta = tl.zeros([DV], dtype=tl.float32)
+        acc_beta0 = tl.zeros([BLOCK_N], dtype=tl.float32)  # −Σ r, per row of the block
+        q_base, g_base = q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh
+        start = split * blocks_per_split
+        for block in range(start, tl.minimum(start + blocks_per_split, num_blocks)):
+            rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+            rows_ok = rows < N
+            row_a, row_b, col_a, col_b, col_c = load_map_stats(
+                q_row_ptr,
+                col_ptr,
+                b,
+                bh,
+                h,
+                N,
+                d,
+                rows,
+                rows_ok,
+                cols,
+                cols_ok,
+                col_bh,
+                col_h,
+                col_row,
+                Q_KIND,
+            )
+            x = load_input(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc, d, Q_KIND)
+            phi = feature_map(x, rows_ok, cols_ok, Q_KIND, q_scale, q_eps, power, row_a, row_b, col_a, col_b)
+            grad = load_block(g_base, rows, rows_ok, vcols, vcols_ok, sgn, sgc)
+            if NORMALIZED:
+                inv = tl.load(inv_ptr + bh * N + rows, mask=rows_ok, other=0.0)
+                grad = grad * inv[:, None]
+                p = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
+                r = tl.sum(phi * p, axis=1)
+                if HAS_BIAS:
+                    r += tl.sum(grad * beta[None, :], axis=1)
+                r = r * inv
+                dphi = p - r[:, None] * z[None, :]
+                acc_z -= tl.sum(phi * r[:, None], axis=0)
+                acc_beta += tl.sum(grad, axis=0)
+                acc_beta0 -= r
+            else:
+                dphi = tl.dot(grad, tl.trans(s), input_precision=PRECISION)
+            acc += tl.dot(tl.trans(phi), grad, input_precision=PRECISION)
+            dx = feature_map_backward(x, phi, dphi, cols_ok, Q_KIND, q_scale, q_eps, col_c)
+            offsets = dq_ptr + b * sdqb + h * sdqh + rows[:, None].to(tl.int64) * sdqn + cols[None, :] * sdqc
+            tl.store(offsets, dx.to(dq_ptr.dtype.element_ty), mask=rows_ok[:, None] & cols_ok[None, :])
+        publish(
+            part_ptr, gctx_ptr, sync_ptr, bh, split, splits, BH, d, dv, 1.0,
+            acc, acc_z, acc_beta, tl.sum(acc_beta0, axis=0), cols, cols_ok, vcols, vcols_ok,
+        )  # fmt: skip
+    else:
+        # ∂k and ∂v of a block of keys from the whole context gradient: ∂φk = c(v ∂Sᵀ + 1 ∂zᵀ),
+        # ∂v = c φk ∂S (+ 1 ∂β for Taylor's Σv); ∂z is 0 without a normaliser.
+        bh, block = (place - BH * splits) % BH, (place - BH * splits) // BH
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_ok = rows < M
+        row_a, row_b, col_a, col_b, col_c = load_map_stats(
+            k_row_ptr, col_ptr, b, bh, h, M, d, rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, K_KIND
+        )
+        x = load_input(k_ptr + b * skb + h * skh, rows, rows_ok, cols, cols_ok, skn, skc, d, K_KIND)
+        phi = feature_map(x, rows_ok, cols_ok, K_KIND, k_scale, k_eps, power, row_a, row_b, col_a, col_b)
+        values = load_block(v_ptr + b * svb + h * svh, rows, rows_ok, vcols, vcols_ok, svn, svc)
+        wait_until_ready(sync_ptr, bh, splits, PHASES)
+        ds, dz, dbeta, _ = load_context(gctx_ptr + bh * size, d, dv, cols, cols_ok, vcols, vcols_ok)
+        if K_KIND == 5:  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S
+            col_c = tl.sum(
+                ds * load_context(ctx_ptr + bh * size, d, dv, cols, cols_ok, vcols, vcols_ok)[0], axis=1
+            )
+        dphi = (tl.dot(values, tl.trans(ds), input_precision=PRECISION) + dz[None, :]) * factor
+        dvalues = tl.dot(phi, ds, input_precision=PRECISION) * factor
+        if HAS_BIAS:
+            dvalues += dbeta[None, :]
+        dx = feature_map_backward(x, phi, dphi, cols_ok, K_KIND, k_scale, k_eps, col_c)
+        mask_k, mask_v = rows_ok[:, None] & cols_ok[None, :], rows_ok[:, None] & vcols_ok[None, :]
+        dk_offsets = dk_ptr + b * sdkb + h * sdkh + rows[:, None].to(tl.int64) * sdkn + cols[None, :] * sdkc
+        tl.store(dk_offsets, dx.to(dk_ptr.dtype.element_ty), mask=mask_k)
+        dv_offsets = dv_ptr + b * sdvb + h * sdvh + rows[:, None].to(tl.int64) * sdvn + vcols[None, :] * sdvc
+        tl.store(dv_offsets, dvalues.to(dv_ptr.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit(do_not_specialize=SPLIT_SIZES)

@@ -1,16 +1,13 @@
 """Launchers of the Triton kernels (``kernels.py``): block sizes, the split of N across programs, and the
-two forward steps (context reduction, application) and two backward steps as tensor-in / tensor-out calls.
-
-The reduction steps return the context (or its gradient) summed over the splits but not over the bands of
-a split image: the autograd Functions (``functions.py``) sum it over the bands in between
-(``parallel.token_reducer``), which is why context and application are separate calls.
+forward and the backward as tensor-in / tensor-out calls, one launch each (two, with the caller's sum over
+the bands of a split image between the phases: ``two_phases``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -114,8 +111,8 @@ def planned_blocks(d: int, dv: int, tf32: bool, tuning: Tuning) -> Blocks:
     D, DV = padded(d), padded(dv)
     width = max(D, DV)
     # the largest blocks whose kernels compile for sm_90 without spilling registers, heads of 64 included
-    # (tests/attention/test_triton_compile.py: ptxas's report)
-    block = 16 if width > 64 else 32 if width == 64 else 64
+    # (tests/attention/test_triton_compile.py: ptxas's report); exact fp32 dots need more than TF32's
+    block = 16 if width > 64 or (width == 64 and not tf32) else 32 if width == 64 else 64
     block = INTERPRETER_BLOCK_N if load_kernels().INTERPRETED else block
     warps = 8 if width >= 64 else 4
     block, warps = tuning.block_n or block, tuning.num_warps or warps
@@ -147,127 +144,132 @@ def split_blocks(tokens: int, block: int, heads_batch: int, device: torch.device
     return blocks, -(-blocks // per_split), per_split
 
 
-def context(k: Tensor, v: Tensor, phi: MapSpec, factor: float) -> Tensor:
-    """The extended context [[c·φ(k)ᵀv | c·φ(k)ᵀ1], [Σv | N]] of this process's tokens: [B·h, d + 1, dv + 1]
-    fp32; k, v: [B, h, N, d] / [B, h, N, dv] views."""
+def as_heads(x: Tensor, heads: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """Shape and strides of ``x`` as [B, h, N, d]: a 4-d x's own, or those of a [B, N, C] x split into
+    ``heads`` (the kernels read the heads through these strides: no view is made)."""
+    if x.dim() == 4:
+        return tuple(x.shape), x.stride()
+    (batch, tokens, channels), (sb, sn, sc) = x.shape, x.stride()
+    return (batch, heads, tokens, channels // heads), (sb, channels // heads * sc, sn, sc)
+
+
+def map_args(query: MapSpec, key: MapSpec, like: Tensor) -> tuple[tuple, tuple[int, int, int]]:
+    """The kernels' (q_row_ptr, k_row_ptr, col_ptr) and col strides for the maps φq, φk: both read the same
+    per-channel statistics where both have some (FOCUS's scale, POLARITY's power), else the one that has."""
+    cols = key if key.cols is not None else query
+    return (query.args(like)[0], key.args(like)[0], cols.args(like)[1]), cols.col_strides
+
+
+def two_phases(kernel, args: tuple, summary: Tensor, grid: tuple[int, int], reduce, **constants) -> None:
+    """Launch a two-phase kernel over ``grid`` (reducing programs, mapping programs): once (``BOTH``), or
+    with ``reduce`` (the sum over the bands of a split image) applied to ``summary`` between a REDUCE and a
+    MAP launch."""
     kernels = load_kernels()
-    batch, heads, tokens, d = k.shape
-    d *= phi.widening
-    dv = v.shape[-1]
-    blocks = Blocks.of(d, dv, k.dtype)
-    num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, k.device)
-    part = torch.empty(splits, batch * heads, d + 1, dv + 1, dtype=torch.float32, device=k.device)
-    kernels.context_kernel[(batch * heads, splits)](
-        k, v, part, *phi.args(k), *k.stride(), *v.stride(),
-        heads, tokens, d, dv, per_split, num_blocks, *phi.col_strides,
-        phi.scale, phi.eps, phi.power,
-        KIND=phi.kind, num_warps=blocks.num_warps, **blocks.constants(),
-    )  # fmt: skip
-    out = part[0] if splits == 1 else part.sum(dim=0)
-    if factor != 1.0:  # 1 for every variant but FLatten's and pola's means
-        out[:, :d].mul_(factor)
-    return out
+    reducers, mappers = grid
+    if reduce is None:
+        kernel[(reducers + mappers,)](*args, PHASES=kernels.BOTH, **constants)
+        return
+    kernel[(reducers,)](*args, PHASES=kernels.REDUCE, **constants)
+    reduce(summary)
+    kernel[(mappers,)](*args, PHASES=kernels.MAP, **constants)
 
 
-def apply(
+def forward(
     q: Tensor,
-    ctx: Tensor,
-    out: Tensor,
-    phi: MapSpec,
-    eps: float,
-    normalized: bool,
-    bias: bool,
-    addend: Tensor | None = None,
-) -> Tensor | None:
-    """Write (φ(q) S + β) / (φ(q) z + β₀ + eps) (+ ``addend``) into ``out`` ([B, h, N, dv], any strides) and
-    return 1/den ([B·h, N] fp32), or φ(q) S and None without a normaliser; β, β₀ only with ``bias``."""
-    kernels = load_kernels()
-    batch, heads, tokens, d = q.shape
-    d *= phi.widening
-    dv = out.shape[-1]
-    blocks = Blocks.of(d, dv, q.dtype)
-    inv = torch.empty(batch * heads, tokens, dtype=torch.float32, device=q.device) if normalized else None
-    extra = addend if addend is not None else out
-    kernels.apply_kernel[(-(-tokens // blocks.BLOCK_N), batch * heads)](
-        q, ctx, out, inv if inv is not None else ctx, extra, *phi.args(q),
-        *q.stride(), *out.stride(), *extra.stride(),
-        heads, tokens, d, dv, *phi.col_strides, phi.scale, phi.eps, phi.power, eps,
-        KIND=phi.kind, NORMALIZED=normalized, HAS_BIAS=bias, HAS_ADDEND=addend is not None,
-        num_warps=blocks.num_warps, **blocks.constants(),
-    )  # fmt: skip
-    return inv
-
-
-def query_backward(
-    q: Tensor,
-    grad: Tensor,
-    ctx: Tensor,
-    inv: Tensor | None,
-    grad_q: Tensor,
-    phi: MapSpec,
-    bias: bool,
-) -> Tensor:
-    """Write ∂q into ``grad_q`` (for FOCUS and POLARITY: ∂L/∂φ(q), fp32, [B, h, N, widening·d]) and return
-    this process's context gradient [[∂S | ∂z], [∂β | ∂β₀]] ([B·h, d + 1, dv + 1] fp32), summed over its
-    tokens."""
-    kernels = load_kernels()
-    batch, heads, tokens, d = q.shape
-    d *= phi.widening
-    dv = grad.shape[-1]
-    blocks = Blocks.of(d, dv, q.dtype)
-    num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, q.device)
-    part = torch.empty(splits, batch * heads, d + 1, dv + 1, dtype=torch.float32, device=q.device)
-    kernels.query_backward_kernel[(batch * heads, splits)](
-        q, grad, ctx, inv if inv is not None else ctx, grad_q, part, *phi.args(q),
-        *q.stride(), *grad.stride(), *grad_q.stride(),
-        heads, tokens, d, dv, per_split, num_blocks, *phi.col_strides,
-        phi.scale, phi.eps, phi.power,
-        KIND=phi.kind, NORMALIZED=inv is not None, HAS_BIAS=bias,
-        num_warps=blocks.num_warps, **blocks.constants(),
-    )  # fmt: skip
-    return part[0] if splits == 1 else part.sum(dim=0)
-
-
-def keys_backward(
     k: Tensor,
     v: Tensor,
-    grad_ctx: Tensor,
-    grad_k: Tensor,
-    grad_v: Tensor,
-    phi: MapSpec,
+    out: Tensor,
+    maps: tuple[MapSpec, MapSpec],
+    scalars: tuple[float, float],
+    options: tuple[bool, bool],
+    addend: Tensor | None = None,
+    reduce: Callable[[Tensor], object] | None = None,
+    heads: int = 0,
+) -> tuple[Tensor, Tensor | None]:
+    """Write (φq(q) S + β) / (φq(q) z + β₀ + eps) (+ ``addend``) into ``out`` ([B, h, N, dv], any strides)
+    and return the extended context [[c·φk(k)ᵀv | c·φk(k)ᵀ1], [Σv | M]] ([B·h, d + 1, dv + 1] fp32) and
+    1/den ([B·h, N] fp32); without a normaliser φq(q) S and None. q [B, h, N, d], k, v [B, h, M, ·] of any
+    strides, or [B, N, C] tensors split into ``heads`` (``as_heads``), as are ``out`` and ``addend``;
+    ``maps``: φq, φk; ``scalars``: c, eps; ``options``: (normalized, bias: β and β₀)."""
+    (query, key), (factor, eps), (normalized, bias) = maps, scalars, options
+    (batch, heads, tokens, d), (_, _, keys, _), (*_, dv) = (as_heads(x, heads)[0] for x in (q, k, v))
+    d *= query.widening
+    blocks = Blocks.of(d, dv, q.dtype)
+    num_blocks, splits, per_split = split_blocks(keys, blocks.BLOCK_N, batch * heads, q.device)
+    part = torch.empty(splits, batch * heads, d + 1, dv + 1, dtype=torch.float32, device=q.device)
+    ctx = torch.empty(batch * heads, d + 1, dv + 1, dtype=torch.float32, device=q.device)
+    inv = torch.empty(batch * heads, tokens, dtype=torch.float32, device=q.device) if normalized else None
+    sync = torch.zeros(batch * heads + 1, dtype=torch.int32, device=q.device)
+    extra = addend if addend is not None else out
+    pointers, col_strides = map_args(query, key, q)
+    args = (
+        q, k, v, out, ctx, inv if inv is not None else ctx, part, sync, extra, *pointers,
+        *(stride for x in (q, k, v, out, extra) for stride in as_heads(x, heads)[1]),
+        batch * heads, heads, tokens, keys, d, dv, splits, per_split, num_blocks, *col_strides,
+        query.scale, query.eps, key.scale, key.eps, key.power, factor, eps,
+    )  # fmt: skip
+    grid = (batch * heads * splits, batch * heads * -(-tokens // blocks.BLOCK_N))
+    two_phases(
+        load_kernels().forward_kernel, args, ctx, grid, reduce,
+        Q_KIND=query.kind, K_KIND=key.kind, NORMALIZED=normalized, HAS_BIAS=bias,
+        HAS_ADDEND=addend is not None, num_warps=blocks.num_warps, **blocks.constants(),
+    )  # fmt: skip
+    return ctx, inv
+
+
+def backward(
+    inputs: tuple[Tensor, Tensor, Tensor],
+    grad: Tensor,
+    saved: tuple[Tensor, Tensor | None],
+    grads: tuple[Tensor, Tensor, Tensor],
+    maps: tuple[MapSpec, MapSpec],
     factor: float,
     bias: bool,
+    reduce: Callable[[Tensor], object] | None = None,
+    heads: int = 0,
 ) -> None:
-    """Write ∂k (for FOCUS and POLARITY: ∂L/∂φ(k), fp32) and ∂v from the context gradient summed over all
-    tokens."""
-    kernels = load_kernels()
-    batch, heads, tokens, d = k.shape
-    d *= phi.widening
-    dv = v.shape[-1]
-    blocks = Blocks.of(d, dv, k.dtype)
-    kernels.keys_backward_kernel[(-(-tokens // blocks.BLOCK_N), batch * heads)](
-        k, v, grad_ctx, grad_k, grad_v, *phi.args(k),
-        *k.stride(), *v.stride(), *grad_k.stride(), *grad_v.stride(),
-        heads, tokens, d, dv, *phi.col_strides, phi.scale, phi.eps, phi.power, factor,
-        KIND=phi.kind, HAS_BIAS=bias, num_warps=blocks.num_warps, **blocks.constants(),
+    """Write ∂q, ∂k, ∂v into ``grads`` (for FOCUS and POLARITY ∂q and ∂k are ∂L/∂φ, fp32, [B, h, ·,
+    widening·d]) from the output gradient, the inputs q, k, v and what ``forward`` returned (context,
+    1/den or None); the context gradient is summed over the queries in between (and by ``reduce``). The
+    tensors as ``forward``'s, [B, N, C] ones split into ``heads``."""
+    (q, k, v), (ctx, inv), (query, key) = inputs, saved, maps
+    (batch, heads, tokens, d), (_, _, keys, _), (*_, dv) = (as_heads(x, heads)[0] for x in (q, k, v))
+    d *= query.widening
+    blocks = Blocks.of(d, dv, q.dtype)
+    num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, q.device)
+    part = torch.empty(splits + 1, batch * heads, d + 1, dv + 1, dtype=torch.float32, device=q.device)
+    sync = torch.zeros(batch * heads + 1, dtype=torch.int32, device=q.device)
+    grad_ctx = part[splits]
+    pointers, col_strides = map_args(query, key, q)
+    args = (
+        q, k, v, grad, ctx, inv if inv is not None else ctx, *grads, grad_ctx, part, sync, *pointers,
+        *(stride for x in (q, k, v, grad, *grads) for stride in as_heads(x, heads)[1]),
+        batch * heads, heads, tokens, keys, d, dv, splits, per_split, num_blocks, *col_strides,
+        query.scale, query.eps, key.scale, key.eps, key.power, factor,
+    )  # fmt: skip
+    grid = (batch * heads * splits, batch * heads * -(-keys // blocks.BLOCK_N))
+    two_phases(
+        load_kernels().backward_kernel, args, grad_ctx, grid, reduce,
+        Q_KIND=query.kind, K_KIND=key.kind, NORMALIZED=inv is not None, HAS_BIAS=bias,
+        num_warps=blocks.num_warps, **blocks.constants(),
     )  # fmt: skip
 
 
-def key_softmax_columns(k: Tensor) -> Tensor:
-    """Each key channel's max and 1/Σexp over the tokens, [B·h, 3, d] fp32 (the third row is left for the
-    backward's Σ_n φ·∂φ); the splits' online statistics are combined here."""
+def key_softmax_columns(k: Tensor, heads: int = 0) -> Tensor:
+    """Each key channel's max and 1/Σexp over the tokens, [B·h, 2, d] fp32; the splits' online statistics
+    are combined here. k: [B, h, N, d], or [B, N, C] split into ``heads``."""
     kernels = load_kernels()
-    batch, heads, tokens, d = k.shape
+    (batch, heads, tokens, d), strides = as_heads(k, heads)
     blocks = Blocks.of(d, d, k.dtype)
     num_blocks, splits, per_split = split_blocks(tokens, blocks.BLOCK_N, batch * heads, k.device)
     part = torch.empty(splits, batch * heads, 2, d, dtype=torch.float32, device=k.device)
     kernels.key_softmax_stats_kernel[(batch * heads, splits)](
-        k, part, *k.stride(), heads, tokens, d, per_split, num_blocks,
+        k, part, *strides, heads, tokens, d, per_split, num_blocks,
         D=blocks.D, BLOCK_N=blocks.BLOCK_N, num_warps=blocks.num_warps,
     )  # fmt: skip
     top = part[:, :, 0].amax(dim=0)
     total = (part[:, :, 1] * (part[:, :, 0] - top).exp()).sum(dim=0)
-    return torch.stack([top, total.reciprocal(), torch.zeros_like(top)], dim=1)
+    return torch.stack([top, total.reciprocal()], dim=1)
 
 
 def focus_blocks(channels: int) -> tuple[int, int, int]:

@@ -5,18 +5,17 @@ to the plain formula. The autograd formulas are registered in ``functions.py``, 
 the functions below directly instead (the dispatcher's Python path costs tens of µs per operator call).
 
 Each attention is a forward operator that also returns what its backward reads (the extended contexts,
-1/den per token, the key softmax's statistics: empty where there are none) and backward operators. The
-generic kernel attention and FLatten's split their backward in two around the context gradient, which on
-a band of a split image is summed over the bands in between (``parallel.token_reducer``, captured in the
-forward); their forward sums the context itself. Operators take plain scalars: a feature map is its
-number (``MAP_KINDS``: ``FeatureMap.name``'s place), scale and eps; several scalars travel as one list
-(each operator argument costs host time per call).
+1/den per token, the key softmax's statistics: empty where there are none) and a backward operator, each
+one launch of a two-phase kernel (a sum over all tokens, then its use). On a band of a split image the
+generic kernel attention and FLatten's sum the context, and in backward its gradient, over the bands
+between the two phases (``band_sum``: then two launches); their backward formula runs inside the
+forward's split again. Operators take plain scalars: a feature map is its number (``MAP_KINDS``:
+``FeatureMap.name``'s place), scale and eps; several scalars travel as one list (each operator argument
+costs host time per call).
 
-- ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_query_backward -> (∂q,
-  ∂kv)``, ``kernel_attention_keys_backward -> (∂k, ∂v)``;
-- ``focused_attention(q, k, v, local, scale, ...) -> (out, kv, inv)``,
-  ``focused_attention_query_backward -> (∂q, ∂kv, ∂(1/softplus(scale)))``,
-  ``focused_attention_keys_backward -> (∂k, ∂v, ∂(1/softplus(scale)))``;
+- ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_backward -> (∂q, ∂k, ∂v)``;
+- ``focused_attention(q, k, v, local, scale, ...) -> (out, kv, inv)``, ``focused_attention_backward ->
+  (∂q, ∂k, ∂v, ∂(1/softplus(scale)))``;
 - ``polarity_attention(q, k, v, power, eps) -> (out, kv₁, inv₁, kv₂, inv₂)``, ``polarity_attention_backward
   -> (∂q, ∂k, ∂power, ∂v)`` (∂q, ∂k, ∂power empty where not needed).
 """
@@ -31,19 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.library import custom_op, register_fake
 
-from ...parallel import token_count, token_reducer
+from ...parallel import token_count, token_reducer, tokens_split
 from ..fused.buffers import empty_in_order
 from ..fused.polarity import polarity_backward
-from .launch import (
-    MapSpec,
-    apply,
-    context,
-    focus_backward,
-    focus_stats,
-    key_softmax_columns,
-    keys_backward,
-    query_backward,
-)
+from .launch import MapSpec, as_heads, backward, focus_backward, focus_stats, forward, key_softmax_columns
 
 # The feature maps by name, in the order of their numbers in the kernels (kernels.IDENTITY ... SOFTMAX_N)
 MAP_KINDS = ("identity", "elu", "relu", "l2", "softmax_channels", "softmax_tokens")
@@ -67,7 +57,7 @@ def map_spec(kind: int, scale: float, eps: float, columns: Tensor | None = None)
     spec = MapSpec(kind, scale=scale, eps=eps)
     if kind == KEY_SOFTMAX:
         d = columns.shape[-1]
-        spec = replace(spec, cols=columns, col_strides=(3 * d, 0, d))
+        spec = replace(spec, cols=columns, col_strides=(2 * d, 0, d))
     return spec
 
 
@@ -87,9 +77,10 @@ def floats(like: Tensor, *shape) -> Tensor:
     return torch.empty(shape, dtype=torch.float32, device=like.device)
 
 
-def context_like(k: Tensor, d: int, dv: int) -> Tensor:
-    """An extended context's buffer, [B·h, d + 1, dv + 1] fp32, for k [B, h, N, ·]."""
-    return floats(k, k.shape[0] * k.shape[1], d + 1, dv + 1)
+def band_sum() -> Callable[[Tensor], Tensor] | None:
+    """The sum over the bands of a split image that runs between the kernels' two phases (then two
+    launches); None outside a split (one launch)."""
+    return token_reducer() if tokens_split() else None
 
 
 @operator
@@ -102,72 +93,57 @@ def kernel_attention(
     tokens: int,
     normalize: bool,
     taylor: bool,
+    heads: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``maps``: φq's and φk's numbers (``MAP_KINDS``); ``scalars``: φq's scale and eps, φk's scale and eps,
-    c and the normaliser's eps; the context is scaled by c / ``tokens`` (a token count passes as an integer:
+    """q, k, v: [B, h, N, d] (``heads`` 0), or [B, N, C] split into ``heads``, as the output is; ``maps``:
+    φq's and φk's numbers (``MAP_KINDS``); ``scalars``: φq's scale and eps, φk's scale and eps, c and the
+    normaliser's eps; the context is scaled by c / ``tokens`` (a token count passes as an integer:
     compiled code keeps it symbolic, where a float 1/N would be specialised on, one graph per size)."""
     (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, scale, eps) = maps, scalars
-    columns = key_softmax_columns(k) if key_map == KEY_SOFTMAX else floats(k, 0)
-    key_spec = map_spec(key_map, key_scale, key_eps, columns)
-    kv = token_reducer()(context(k, v, key_spec, scale / tokens))
+    columns = key_softmax_columns(k, heads) if key_map == KEY_SOFTMAX else floats(k, 0)
+    specs = (map_spec(query_map, query_scale, query_eps), map_spec(key_map, key_scale, key_eps, columns))
     out = output_like(q, v)
-    inv = apply(q, kv, out, map_spec(query_map, query_scale, query_eps), eps, normalize, taylor)
+    scalars, options = (scale / tokens, eps), (normalize, taylor)
+    kv, inv = forward(q, k, v, out, specs, scalars, options, reduce=band_sum(), heads=heads)
     return out, kv, inv if inv is not None else floats(q, 0), columns
 
 
 @register_fake("segattn::kernel_attention")
-def _(q, k, v, maps, scalars, tokens, normalize, taylor):
-    (batch, heads, queries, d), dv = q.shape, v.shape[-1]
+def _(q, k, v, maps, scalars, tokens, normalize, taylor, heads):
+    (batch, heads, queries, d), (*_, dv) = as_heads(q, heads)[0], as_heads(v, heads)[0]
     inv = floats(q, batch * heads, queries) if normalize else floats(q, 0)
-    columns = floats(k, batch * heads, 3, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
-    return output_like(q, v), context_like(k, d, dv), inv, columns
+    columns = floats(k, batch * heads, 2, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
+    return output_like(q, v), floats(k, batch * heads, d + 1, dv + 1), inv, columns
 
 
 @operator
-def kernel_attention_query_backward(
-    q: Tensor, grad: Tensor, kv: Tensor, inv: Tensor, query_map: int, scalars: list[float], taylor: bool
-) -> tuple[Tensor, Tensor]:
-    """``inv``: the forward's 1/den, [B·h, N] (empty, 1-d, without a normaliser); ``scalars``: φq's scale
-    and eps."""
-    grad_q = empty_in_order(q, q.dtype)
-    spec = map_spec(query_map, *scalars)
-    grad_kv = query_backward(q, grad, kv, inv if inv.dim() == 2 else None, grad_q, spec, taylor)
-    return grad_q, grad_kv
-
-
-@register_fake("segattn::kernel_attention_query_backward")
-def _(q, grad, kv, inv, query_map, scalars, taylor):
-    return empty_in_order(q, q.dtype), torch.empty_like(kv, memory_format=torch.contiguous_format)
-
-
-@operator
-def kernel_attention_keys_backward(
+def kernel_attention_backward(
+    q: Tensor,
     k: Tensor,
     v: Tensor,
-    kv: Tensor,
-    grad_kv: Tensor,
-    columns: Tensor,
-    key_map: int,
+    grad: Tensor,
+    saved: list[Tensor],
+    maps: list[int],
     scalars: list[float],
     tokens: int,
     taylor: bool,
-) -> tuple[Tensor, Tensor]:
-    """``scalars``: φk's scale and eps, and c (the context was scaled by c / ``tokens``)."""
-    key_scale, key_eps, scale = scalars
-    if key_map == KEY_SOFTMAX:  # the key softmax's Σ_n φ·∂φ per channel is Σ_j ∂S·S: its row 2
-        d, dv = k.shape[-1], v.shape[-1]
-        columns = columns.clone()
-        columns[:, 2] = (grad_kv[:, :d, :dv] * kv[:, :d, :dv]).sum(dim=-1)
-    grad_k, grad_v = empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
-    keys_backward(
-        k, v, grad_kv, grad_k, grad_v, map_spec(key_map, key_scale, key_eps, columns), scale / tokens, taylor
-    )
-    return grad_k, grad_v
+    heads: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(∂q, ∂k, ∂v); ``saved``: the forward's kv, 1/den ([B·h, N]; empty, 1-d, without a normaliser) and
+    key softmax statistics; ``maps``, ``scalars``, ``tokens``, ``heads``: the forward's."""
+    (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, scale, _), (kv, inv, columns) = (
+        maps, scalars, saved
+    )  # fmt: skip
+    specs = (map_spec(query_map, query_scale, query_eps), map_spec(key_map, key_scale, key_eps, columns))
+    grads = tuple(empty_in_order(x, x.dtype) for x in (q, k, v))
+    inv = inv if inv.dim() == 2 else None
+    backward((q, k, v), grad, (kv, inv), grads, specs, scale / tokens, taylor, band_sum(), heads)
+    return grads
 
 
-@register_fake("segattn::kernel_attention_keys_backward")
-def _(k, v, kv, grad_kv, columns, key_map, scalars, tokens, taylor):
-    return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype)
+@register_fake("segattn::kernel_attention_backward")
+def _(q, k, v, grad, saved, maps, scalars, tokens, taylor, heads):
+    return tuple(empty_in_order(x, x.dtype) for x in (q, k, v))
 
 
 def inverse_scale(scale: Tensor) -> Tensor:
@@ -189,11 +165,10 @@ def focused_attention(
     q: Tensor, k: Tensor, v: Tensor, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     inv_scale = inverse_scale(scale)
-    query_map, key_map = (focus_map(x, inv_scale, power, heads) for x in (q, k))
+    maps = tuple(focus_map(x, inv_scale, power, heads) for x in (q, k))
     factor = 1.0 / token_count(k.shape[1])  # the whole image's sums
-    kv = token_reducer()(context(heads_view(k, heads), heads_view(v, heads), key_map, factor))
     out = empty_in_order(v, v.dtype)
-    inv = apply(heads_view(q, heads), kv, heads_view(out, heads), query_map, eps, True, False, local)
+    kv, inv = forward(q, k, v, out, maps, (factor, eps), (True, False), local, band_sum(), heads)
     return out, kv, inv
 
 
@@ -208,48 +183,52 @@ def _(q, k, v, local, scale, power, eps, heads):
 
 
 @operator
-def focused_attention_query_backward(
-    q: Tensor, grad: Tensor, kv: Tensor, inv: Tensor, scale: Tensor, power: float, heads: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def focused_attention_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad: Tensor,
+    saved: list[Tensor],
+    scale: Tensor,
+    power: float,
+    heads: int,
+    tokens: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(∂q, ∂k, ∂v, ∂(1/softplus(scale))); ``saved``: the forward's kv and 1/den; the context was divided by
+    ``tokens``."""
     inv_scale = inverse_scale(scale)
-    query_map = focus_map(q, inv_scale, power, heads)
-    grad_f = floats(q, *q.shape)  # ∂L/∂f of the focused q: the focusing backward needs all heads of a token
-    grad_kv = query_backward(
-        heads_view(q, heads), heads_view(grad, heads), kv, inv, heads_view(grad_f, heads), query_map, False
-    )
-    grad_q = empty_in_order(q, q.dtype)
-    return grad_q, grad_kv, focus_backward(q, grad_f, inv_scale, query_map.rows, power, grad_q)
-
-
-@register_fake("segattn::focused_attention_query_backward")
-def _(q, grad, kv, inv, scale, power, heads):
-    return empty_in_order(q, q.dtype), torch.empty_like(kv), floats(q, q.shape[-1])
-
-
-@operator
-def focused_attention_keys_backward(
-    k: Tensor, v: Tensor, grad_kv: Tensor, scale: Tensor, power: float, heads: int, tokens: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    inv_scale = inverse_scale(scale)
-    key_map = focus_map(k, inv_scale, power, heads)
-    grad_f, grad_v = floats(k, *k.shape), empty_in_order(v, v.dtype)
-    keys_backward(
-        heads_view(k, heads),
-        heads_view(v, heads),
-        grad_kv,
-        heads_view(grad_f, heads),
-        heads_view(grad_v, heads),
-        key_map,
+    maps = tuple(focus_map(x, inv_scale, power, heads) for x in (q, k))
+    # ∂L/∂f of the focused q and k: the focusing backward needs all heads of a token
+    grad_fq, grad_fk, grad_v = floats(q, *q.shape), floats(k, *k.shape), empty_in_order(v, v.dtype)
+    backward(
+        (q, k, v),
+        grad,
+        tuple(saved),
+        (grad_fq, grad_fk, grad_v),
+        maps,
         1.0 / tokens,
         False,
+        band_sum(),
+        heads,
     )
-    grad_k = empty_in_order(k, k.dtype)
-    return grad_k, grad_v, focus_backward(k, grad_f, inv_scale, key_map.rows, power, grad_k)
+    grad_q, grad_k = empty_in_order(q, q.dtype), empty_in_order(k, k.dtype)
+    inv_from_q = focus_backward(q, grad_fq, inv_scale, maps[0].rows, power, grad_q)
+    return (
+        grad_q,
+        grad_k,
+        grad_v,
+        inv_from_q + focus_backward(k, grad_fk, inv_scale, maps[1].rows, power, grad_k),
+    )
 
 
-@register_fake("segattn::focused_attention_keys_backward")
-def _(k, v, grad_kv, scale, power, heads, tokens):
-    return empty_in_order(k, k.dtype), empty_in_order(v, v.dtype), floats(k, k.shape[-1])
+@register_fake("segattn::focused_attention_backward")
+def _(q, k, v, grad, saved, scale, power, heads, tokens):
+    return (
+        empty_in_order(q, q.dtype),
+        empty_in_order(k, k.dtype),
+        empty_in_order(v, v.dtype),
+        floats(q, q.shape[-1]),
+    )
 
 
 def polarity_maps(power: Tensor) -> tuple[MapSpec, MapSpec, MapSpec]:
@@ -274,15 +253,15 @@ def polarity_attention(
     query_map, *key_maps = polarity_maps(power.detach().float().contiguous())
     out, saved = output_like(q, v), []
     for key_map, part in zip(key_maps, halves(v), strict=True):
-        kv = context(k, v[..., part], key_map, 1.0 / k.shape[-2])
-        saved += [kv, apply(q, kv, out[..., part], query_map, eps, True, False)]
+        scalars = (1.0 / k.shape[-2], eps)
+        saved += forward(q, k, v[..., part], out[..., part], (query_map, key_map), scalars, (True, False))
     return out, *saved
 
 
 @register_fake("segattn::polarity_attention")
 def _(q, k, v, power, eps):
     (batch, heads, tokens, d), half = q.shape, v.shape[-1] // 2
-    contexts = [context_like(k, 2 * d, width) for width in (half, v.shape[-1] - half)]
+    contexts = [floats(k, batch * heads, 2 * d + 1, width + 1) for width in (half, v.shape[-1] - half)]
     inv = [floats(q, batch * heads, tokens) for _ in contexts]
     return output_like(q, v), contexts[0], inv[0], contexts[1], inv[1]
 
@@ -305,10 +284,15 @@ def polarity_attention_backward(
     for i, (key_map, part) in enumerate(zip(key_maps, halves(v), strict=True)):
         kv, inv = saved[2 * i], saved[2 * i + 1]
         grad_phi_q = floats(q, *q.shape[:-1], 2 * q.shape[-1])
-        grad_kv = query_backward(q, grad[..., part], kv, inv, grad_phi_q, query_map, False)
         grad_phi_k = floats(k, *k.shape[:-1], 2 * k.shape[-1])
-        keys_backward(
-            k, v[..., part], grad_kv, grad_phi_k, grad_v[..., part], key_map, 1.0 / k.shape[-2], False
+        backward(
+            (q, k, v[..., part]),
+            grad[..., part],
+            (kv, inv),
+            (grad_phi_q, grad_phi_k, grad_v[..., part]),
+            (query_map, key_map),
+            1.0 / k.shape[-2],
+            False,
         )
         if grad_fq is None:
             grad_fq, grad_fk = grad_phi_q, grad_phi_k
