@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..files import conf_values
 from ..images import as_hw, indivisible, shrink_image
 from ..record import MODEL_FILE, MODEL_SOURCES, WEIGHTS_FILE, ModelRecord
 from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
@@ -32,18 +33,9 @@ from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
 from .onnx import ONNX_FILE, OnnxSegmentor, infer_numpy
 
-# The ``inference`` config group's keys and defaults (conf/inference/default.yaml): how a whole image is
-# predicted. ``TrainedModel.logits`` takes them as keyword arguments.
-INFERENCE_DEFAULTS: dict[str, Any] = {
-    "mode": "whole",
-    "crop": None,
-    "stride": None,
-    "crop_batch_size": 4,
-    "scales": [1.0],
-    "flip": False,
-    "precision": "auto",
-    "batch_size": None,
-}
+# The ``inference`` config group's keys and defaults, as conf/inference/default.yaml declares them: how a
+# whole image is predicted. ``TrainedModel.logits`` takes them as keyword arguments.
+INFERENCE_DEFAULTS: dict[str, Any] = conf_values("inference/default")
 
 if TYPE_CHECKING:
     import torch
