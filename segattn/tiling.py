@@ -7,7 +7,7 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,16 @@ def int_at_least(low: int) -> Callable[[Any], bool]:
     return lambda value: is_int(value) and value >= low
 
 
+def at_least(low: int, meaning: str = "") -> Rule:
+    """The rule of an integer key whose values start at ``low``; ``meaning`` says what a value means."""
+    return (f"an integer >= {low}{meaning and ' '}{meaning}", int_at_least(low))
+
+
+def one_of(choices: Sequence[Any]) -> Rule:
+    """The rule of a key that takes one of ``choices``, which its message lists."""
+    return (f"one of {', '.join(map(str, choices))}", lambda value: value in choices)
+
+
 def positive_size(value: Any) -> bool:
     """A size ``images.as_hw`` reads: a side or an [H, W] pair of positive integers."""
     try:
@@ -60,16 +70,16 @@ def optional_size(value: Any) -> bool:
 
 
 INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval and predict see an image
-    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
+    "mode": one_of(MODES),
     "crop": (f"null or {SIZE}", optional_size),
     "stride": (f"null or {SIZE}", optional_size),
-    "crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "crop_batch_size": at_least(1),
     "scales": (
         "a non-empty list of numbers > 0",
         lambda v: isinstance(v, list | tuple) and bool(v) and all(is_number(x) and x > 0 for x in v),
     ),
     "flip": ("true or false", lambda v: isinstance(v, bool)),
-    "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
+    "precision": one_of(PRECISIONS),
     "batch_size": ("null or an integer >= 1", lambda v: v is None or int_at_least(1)(v)),
 }
 # The keys of INFERENCE that say how eval and predict run the network rather than how an image is seen:
