@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .files import conf_values
 from .images import as_hw
 
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
@@ -19,15 +20,20 @@ Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
 NO_WINDOW = "inference.mode=slide needs inference.crop=H or inference.crop=[H,W] (the window size)"
 
 
+# The ``inference`` config group's keys and defaults, as conf/inference/default.yaml declares them: how a
+# whole image is predicted (``infer``'s, ``infer_numpy``'s and ``TrainedModel.logits``' keyword arguments).
+INFERENCE_DEFAULTS: dict[str, Any] = conf_values("inference/default")
+
+
 @dataclass(frozen=True)
 class SlideSettings:
     """How windows are laid and combined: the slide arguments of ``infer(mode="slide")``."""
 
     crop: tuple[int, int]
     stride: tuple[int, int]
-    crop_batch_size: int = 4
-    flip: bool = False
-    precision: str = "auto"  # inference.precision: windows run on the model's device in it
+    crop_batch_size: int = INFERENCE_DEFAULTS["crop_batch_size"]
+    flip: bool = INFERENCE_DEFAULTS["flip"]
+    precision: str = INFERENCE_DEFAULTS["precision"]  # windows run on the model's device in it
 
 
 Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
@@ -126,21 +132,21 @@ def slide_settings(inference: Mapping[str, Any]) -> SlideSettings:
     """The ``inference`` config group (plain values) as the settings of an image streamed by window (a
     raster, strip by strip): window, stride (default half the window), batch, flip and precision.
     ValueError naming the key when there is no window, or multi-scale TTA, which a stream does not take."""
-    if inference.get("crop") is None:
+    settings = {**INFERENCE_DEFAULTS, **inference}
+    if settings["crop"] is None:
         raise ValueError(NO_WINDOW)
-    if list(inference.get("scales") or [1.0]) != [1.0]:
+    if list(settings["scales"] or [1.0]) != [1.0]:
         raise ValueError(
-            f"inference.scales={list(inference['scales'])}: a raster streamed by window takes flip TTA only; "
+            f"inference.scales={list(settings['scales'])}: a raster streamed by window takes flip TTA only; "
             "set inference.scales=[1.0]"
         )
-    crop = as_hw(inference["crop"], "inference.crop")
-    stride = inference.get("stride")
+    crop, stride = as_hw(settings["crop"], "inference.crop"), settings["stride"]
     return SlideSettings(
         crop,
         default_stride(crop) if stride is None else as_hw(stride, "inference.stride"),
-        int(inference.get("crop_batch_size", 4)),
-        bool(inference.get("flip", False)),
-        str(inference.get("precision", "auto")),
+        int(settings["crop_batch_size"]),
+        bool(settings["flip"]),
+        str(settings["precision"]),
     )
 
 
@@ -152,6 +158,7 @@ def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
 
 
 __all__ = [
+    "INFERENCE_DEFAULTS",
     "PRECISIONS",
     "RUNTIME_KEYS",
     "SlideSettings",

@@ -35,7 +35,7 @@ def build_optimizer(
 def build_scheduler(
     optimizer: Optimizer,
     total_steps: int,
-    name: str = "poly",
+    name: str = POLY["name"],
     warmup_steps: int = 0,
     warmup_start_factor: float = POLY["warmup_start_factor"],
     power: float = POLY["power"],
