@@ -5,9 +5,9 @@ A file is written to a hidden temporary file in the same folder (``.<name>.<pid>
 and fsync'ed, renamed over the target with ``os.replace`` (atomic within one file system), and the folder
 is fsync'ed so that the rename itself survives a power loss. A write the file system refuses (no space
 left, a read-only or not writable folder) is a ``DiskError`` naming the folder and the file, and leaves no
-temporary file. Also where the package's own files are: ``conf/`` (``config_dir``) and the values of one of
-its yaml files (``conf_values``). Standard library only (OmegaConf when a yaml file is read): imported by
-data, inference, checkpoints, evaluation, export and training alike.
+temporary file. Also where ``conf/`` is (``config_dir``) and a yaml file's values (``conf_values``, read with
+OmegaConf; all else is standard library). Imported by data, inference, checkpoints, evaluation, export and
+training alike.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ def config_dir() -> Path:
 
 
 def conf_values(name: str) -> dict[str, Any]:
-    """The values of ``conf/<name>.yaml`` (``inference/default``) as plain Python: the one declaration of the
-    defaults that code outside a command also takes (a constructor's, ``INFERENCE_DEFAULTS``)."""
+    """``conf/<name>.yaml``'s values as plain Python: the defaults a constructor takes, declared once."""
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(config_dir() / f"{name}.yaml"))

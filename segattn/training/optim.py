@@ -14,9 +14,7 @@ from ..files import conf_values
 
 SCHEDULES = ("poly", "cosine")
 # the defaults of the builders' options, as conf/optimizer/ and conf/scheduler/ declare them
-ADAMW, POLY, COSINE = (
-    conf_values(name) for name in ("optimizer/adamw", "scheduler/poly", "scheduler/cosine")
-)
+ADAMW, POLY, COSINE = map(conf_values, ("optimizer/adamw", "scheduler/poly", "scheduler/cosine"))
 
 
 def build_optimizer(
