@@ -116,7 +116,7 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationMo
     for where, size in sizes.items():
         check_token_limit(module.model, size, where)
     check_bands(OmegaConf.select(cfg, "trainer.strategy"), module, sizes)
-    check_memory_fits(cfg, module, training)
+    check_memory_fits(cfg, module, datamodule, training)
 
 
 def check_bands(strategy: Any, module: SegmentationModule, sizes: dict[str, tuple[int, int]]) -> None:
