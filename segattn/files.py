@@ -5,7 +5,8 @@ A file is written to a hidden temporary file in the same folder (``.<name>.<pid>
 and fsync'ed, renamed over the target with ``os.replace`` (atomic within one file system), and the folder
 is fsync'ed so that the rename itself survives a power loss. A write the file system refuses (no space
 left, a read-only or not writable folder) is a ``DiskError`` naming the folder and the file, and leaves no
-temporary file. Standard library only: imported by data, inference, checkpoints, evaluation, export and
+temporary file. Also where ``conf/`` is (``config_dir``) and a yaml file's values (``conf_values``, read with
+OmegaConf; all else is standard library). Imported by data, inference, checkpoints, evaluation, export and
 training alike.
 """
 
@@ -21,6 +22,25 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import disk_error, os_error
+
+
+def source_checkout() -> Path | None:
+    """The repository this package runs from (an editable install or a checkout), if any."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "conf").is_dir() else None
+
+
+def config_dir() -> Path:
+    """``conf/``: the checkout's top-level folder, or the copy a non-editable install ships in the package."""
+    checkout = source_checkout()
+    return checkout / "conf" if checkout else Path(__file__).resolve().parent / "conf"
+
+
+def conf_values(name: str) -> dict[str, Any]:
+    """``conf/<name>.yaml``'s values as plain Python: the defaults a constructor takes, declared once."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(config_dir() / f"{name}.yaml"))
 
 
 def temp_files(path: Path) -> list[Path]:

@@ -7,10 +7,11 @@ Pure Python on purpose: ``segattn.predict`` with an ONNX model must run without 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .files import conf_values
 from .images import as_hw
 
 MODES = ("whole", "slide")  # how a full image is predicted: one pass, or overlapping windows
@@ -19,15 +20,20 @@ Window = tuple[int, int, int, int]  # (top, bottom, left, right), half-open
 NO_WINDOW = "inference.mode=slide needs inference.crop=H or inference.crop=[H,W] (the window size)"
 
 
+# The ``inference`` config group's keys and defaults, as conf/inference/default.yaml declares them: how a
+# whole image is predicted (``infer``'s, ``infer_numpy``'s and ``TrainedModel.logits``' keyword arguments).
+INFERENCE_DEFAULTS: dict[str, Any] = conf_values("inference/default")
+
+
 @dataclass(frozen=True)
 class SlideSettings:
     """How windows are laid and combined: the slide arguments of ``infer(mode="slide")``."""
 
     crop: tuple[int, int]
     stride: tuple[int, int]
-    crop_batch_size: int = 4
-    flip: bool = False
-    precision: str = "auto"  # inference.precision: windows run on the model's device in it
+    crop_batch_size: int = INFERENCE_DEFAULTS["crop_batch_size"]
+    flip: bool = INFERENCE_DEFAULTS["flip"]
+    precision: str = INFERENCE_DEFAULTS["precision"]  # windows run on the model's device in it
 
 
 Rule = tuple[str, Callable[[Any], bool]]  # (what is expected, the check)
@@ -46,6 +52,16 @@ def int_at_least(low: int) -> Callable[[Any], bool]:
     return lambda value: is_int(value) and value >= low
 
 
+def at_least(low: int, meaning: str = "") -> Rule:
+    """The rule of an integer key whose values start at ``low``; ``meaning`` says what a value means."""
+    return (f"an integer >= {low}{meaning and ' '}{meaning}", int_at_least(low))
+
+
+def one_of(choices: Sequence[Any]) -> Rule:
+    """The rule of a key that takes one of ``choices``, which its message lists."""
+    return (f"one of {', '.join(map(str, choices))}", lambda value: value in choices)
+
+
 def positive_size(value: Any) -> bool:
     """A size ``images.as_hw`` reads: a side or an [H, W] pair of positive integers."""
     try:
@@ -60,16 +76,16 @@ def optional_size(value: Any) -> bool:
 
 
 INFERENCE: dict[str, Rule] = {  # conf/inference: how train's validation, eval and predict see an image
-    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
+    "mode": one_of(MODES),
     "crop": (f"null or {SIZE}", optional_size),
     "stride": (f"null or {SIZE}", optional_size),
-    "crop_batch_size": ("an integer >= 1", int_at_least(1)),
+    "crop_batch_size": at_least(1),
     "scales": (
         "a non-empty list of numbers > 0",
         lambda v: isinstance(v, list | tuple) and bool(v) and all(is_number(x) and x > 0 for x in v),
     ),
     "flip": ("true or false", lambda v: isinstance(v, bool)),
-    "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
+    "precision": one_of(PRECISIONS),
     "batch_size": ("null or an integer >= 1", lambda v: v is None or int_at_least(1)(v)),
 }
 # The keys of INFERENCE that say how eval and predict run the network rather than how an image is seen:
@@ -116,21 +132,21 @@ def slide_settings(inference: Mapping[str, Any]) -> SlideSettings:
     """The ``inference`` config group (plain values) as the settings of an image streamed by window (a
     raster, strip by strip): window, stride (default half the window), batch, flip and precision.
     ValueError naming the key when there is no window, or multi-scale TTA, which a stream does not take."""
-    if inference.get("crop") is None:
+    settings = {**INFERENCE_DEFAULTS, **inference}
+    if settings["crop"] is None:
         raise ValueError(NO_WINDOW)
-    if list(inference.get("scales") or [1.0]) != [1.0]:
+    if list(settings["scales"] or [1.0]) != [1.0]:
         raise ValueError(
-            f"inference.scales={list(inference['scales'])}: a raster streamed by window takes flip TTA only; "
+            f"inference.scales={list(settings['scales'])}: a raster streamed by window takes flip TTA only; "
             "set inference.scales=[1.0]"
         )
-    crop = as_hw(inference["crop"], "inference.crop")
-    stride = inference.get("stride")
+    crop, stride = as_hw(settings["crop"], "inference.crop"), settings["stride"]
     return SlideSettings(
         crop,
         default_stride(crop) if stride is None else as_hw(stride, "inference.stride"),
-        int(inference.get("crop_batch_size", 4)),
-        bool(inference.get("flip", False)),
-        str(inference.get("precision", "auto")),
+        int(settings["crop_batch_size"]),
+        bool(settings["flip"]),
+        str(settings["precision"]),
     )
 
 
@@ -142,6 +158,7 @@ def scaled_size(height: int, width: int, scale: float) -> tuple[int, int]:
 
 
 __all__ = [
+    "INFERENCE_DEFAULTS",
     "PRECISIONS",
     "RUNTIME_KEYS",
     "SlideSettings",

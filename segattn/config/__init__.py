@@ -2,6 +2,7 @@
 (``resolvers``), and the checks a composed config must pass before anything starts, each command's value
 schema among them (``checks``)."""
 
+from ..files import config_dir
 from .checks import (
     EXPORT_FORMATS,
     SCHEMAS,
@@ -13,7 +14,7 @@ from .checks import (
     check_values,
     check_writable_dir,
 )
-from .resolvers import available_cores, config_dir, plain, register_resolvers, workers
+from .resolvers import available_cores, plain, register_resolvers, workers
 
 __all__ = [
     "EXPORT_FORMATS",

@@ -7,10 +7,12 @@ the value and what was expected. train.py's checks of its trainer settings live 
 (``segattn.training.config_checks``).
 
 The schemas are explicit tables rather than Hydra structured configs: a structured config checks types
-only, where these rules also say the range or the choices expected ("an integer >= 1", "one of whole,
-slide"), every bad value of a command line is listed in one line instead of Hydra's error for the first,
-and the defaults stay in one place, the yaml files, instead of being repeated in dataclasses (one per
-dataset file for the ``data`` group, whose keys differ by dataset)."""
+only, where these rules also say the range or the choices expected (``at_least(1)``: "an integer >= 1",
+``one_of(MODES)``: "one of whole, slide"), every bad value of a command line is listed in one line instead
+of Hydra's error for the first, and the defaults stay in one place, the yaml files, instead of being
+repeated in dataclasses (one per dataset file for the ``data`` group, whose keys differ by dataset). A key
+whose type says all it takes (``seed``, ``stream``) has no rule: its yaml default's type is checked
+(``default_types``)."""
 
 from __future__ import annotations
 
@@ -31,9 +33,11 @@ from ..tiling import (
     NO_WINDOW,
     SIZE,
     Rule,
+    at_least,
     int_at_least,
     is_int,
     is_number,
+    one_of,
     optional_size,
     positive_size,
 )
@@ -73,14 +77,14 @@ class Schema:
 
 
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")  # segattn.export.command.FORMATS
-THREADS: dict[str, Rule] = {"threads": ("an integer >= 0 (0: the default)", int_at_least(0))}
+THREADS: dict[str, Rule] = {"threads": at_least(0, "(0: the default)")}
 DEVICE: dict[str, Rule] = {"device": (DEVICE_FORMS, is_device)}
 TRAINER: dict[str, Rule] = {
     "trainer.max_epochs": (
         "an integer >= -1 (-1: no limit) or null",
         lambda v: v is None or int_at_least(-1)(v),
     ),
-    "trainer.max_steps": ("an integer >= -1 (-1: no limit)", int_at_least(-1)),
+    "trainer.max_steps": at_least(-1, "(-1: no limit)"),
     "trainer.devices": (
         "a count >= 1, -1 (all), a list of device ids or 'auto'",
         lambda v: (
@@ -91,26 +95,26 @@ TRAINER: dict[str, Rule] = {
             or (isinstance(v, str) and v.replace(",", "").isdigit())
         ),
     ),
-    "trainer.num_nodes": ("an integer >= 1", int_at_least(1)),
+    "trainer.num_nodes": at_least(1),
     "trainer.precision": (f"one of {', '.join(PRECISIONS)}", lambda v: str(v) in PRECISIONS),
-    "trainer.log_every_n_steps": ("an integer >= 1", int_at_least(1)),
-    "trainer.accumulate_grad_batches": ("an integer >= 1", int_at_least(1)),
+    "trainer.log_every_n_steps": at_least(1),
+    "trainer.accumulate_grad_batches": at_least(1),
     "trainer.check_val_every_n_epoch": ("an integer >= 1 or null", lambda v: v is None or int_at_least(1)(v)),
-    "trainer.num_sanity_val_steps": ("an integer >= -1 (-1: all)", int_at_least(-1)),
+    "trainer.num_sanity_val_steps": at_least(-1, "(-1: all)"),
     "trainer.gradient_clip_val": ("a number >= 0 or null", lambda v: v is None or (is_number(v) and v >= 0)),
     "trainer.limit_train_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
     "trainer.limit_val_batches": ("null, a batch count >= 0 or a fraction in [0, 1]", batch_limit),
     "trainer.deterministic": ("true, false or 'warn'", lambda v: isinstance(v, bool) or v == "warn"),
 }
 DATA: dict[str, Rule] = {
-    "data.batch_size": ("an integer >= 1", int_at_least(1)),
-    "data.val_batch_size": ("an integer >= 1", int_at_least(1)),
-    "data.num_workers": ("an integer >= 0", int_at_least(0)),
+    "data.batch_size": at_least(1),
+    "data.val_batch_size": at_least(1),
+    "data.num_workers": at_least(0),
     "data.crop_size": (f"{SIZE}, or null (train on whole images)", optional_size),
     "data.downsample": (DOWNSAMPLE, is_downsample),
     "data.image_size": (SIZE, positive_size),
     "data.window_size": (SIZE, positive_size),
-    "data.windows_per_split": ("an integer >= 1", int_at_least(1)),
+    "data.windows_per_split": at_least(1),
     "data.ratio_range": (
         "[low, high] with 0 < low <= high",
         lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and 0 < v[0] <= v[1],
@@ -129,7 +133,7 @@ OPTIMIZATION: dict[str, Rule] = {
     "optimizer.lr": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "optimizer.weight_decay": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "optimizer.eps": ("a number > 0", lambda v: is_number(v) and v > 0),
-    "scheduler.warmup_steps": ("an integer >= 0", int_at_least(0)),
+    "scheduler.warmup_steps": at_least(0),
 }
 INFERENCE_RULES = {f"inference.{key}": rule for key, rule in INFERENCE.items()}
 
@@ -188,19 +192,18 @@ def matches(pattern: str) -> Callable[[Any], bool]:
 BENCH_DTYPES = ("fp32", "bf16", "fp16")
 BENCH: dict[str, Rule] = {
     **THREADS,
-    "grid": ("one of auto, smoke, cpu, cuda", lambda v: v in ("auto", "smoke", "cpu", "cuda")),
-    "clock": ("one of wall, cpu", lambda v: v in ("wall", "cpu")),
+    "grid": one_of(("auto", "smoke", "cpu", "cuda")),
+    "clock": one_of(("wall", "cpu")),
     "device": ("null, cpu or cuda[:i]", lambda v: v is None or re.fullmatch(r"cpu|cuda(:[0-9]+)?", str(v))),
-    **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("memory", "compile")},
 }
 BENCH_SEARCH: dict[str, Rule] = {
-    **{key: unset_or("an integer >= 1 (pixels)", int_at_least(1)) for key in ("start", "step", "max_size")},
+    **{key: unset_or(*at_least(1, "(pixels)")) for key in ("start", "step", "max_size")},
     "probe_timeout": unset_or("a number > 0 (seconds)", positive_number),
     "budget_gib": unset_or("a number > 0 (GiB)", positive_number),
 }
 SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
     "train": Schema(
-        {"seed": ("an integer", is_int), **TRAINER, **DATA, **OPTIMIZATION, **INFERENCE_RULES},
+        {**TRAINER, **DATA, **OPTIMIZATION, **INFERENCE_RULES},
         INFERENCE_SPANS,
     ),
     "eval": Schema(
@@ -209,8 +212,8 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             **INFERENCE_RULES,
             **THREADS,
             **DEVICE,
-            "num_examples": ("an integer >= 0", int_at_least(0)),
-            "devices": ("an integer >= 1 (processes, each scoring a share of the split)", int_at_least(1)),
+            "num_examples": at_least(0),
+            "devices": at_least(1, "(processes, each scoring a share of the split)"),
         },
         INFERENCE_SPANS,
     ),
@@ -219,9 +222,8 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             **INFERENCE_RULES,
             **THREADS,
             **DEVICE,
-            "num_workers": ("an integer >= 0", int_at_least(0)),
+            "num_workers": at_least(0),
             "alpha": ("an opacity in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
-            "stream": ("true or false", lambda v: isinstance(v, bool)),
         },
         INFERENCE_SPANS,
     ),
@@ -229,10 +231,10 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
         {
             **THREADS,
             "opset": ("an ONNX opset, an integer >= 17", int_at_least(17)),
-            "height": ("an integer >= 1 (pixels)", int_at_least(1)),
-            "width": ("an integer >= 1 (pixels)", int_at_least(1)),
+            "height": at_least(1, "(pixels)"),
+            "width": at_least(1, "(pixels)"),
             "atol": ("a number > 0", lambda v: is_number(v) and v > 0),
-            "format": (f"one of {', '.join(EXPORT_FORMATS)}", lambda v: v in EXPORT_FORMATS),
+            "format": one_of(EXPORT_FORMATS),
         }
     ),
     "doctor": Schema(DATA),
@@ -242,13 +244,12 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             "tokens": unset_or("a list of token counts (4096, 4k, 1m)", list_of(matches(COUNT))),
             "dtypes": (f"a list of {', '.join(BENCH_DTYPES)}", list_of(lambda v: v in BENCH_DTYPES)),
             "modes": ("a list of fwd, fwdbwd", list_of(lambda v: v in ("fwd", "fwdbwd"))),
-            **{key: ("an integer >= 1", int_at_least(1)) for key in ("batch", "dim", "heads")},
-            "repeats": unset_or("an integer >= 1", int_at_least(1)),
-            "warmup": ("an integer >= 0", int_at_least(0)),
+            **{key: at_least(1) for key in ("batch", "dim", "heads")},
+            "repeats": unset_or(*at_least(1)),
+            "warmup": at_least(0),
             "config_seconds": unset_or("a number > 0 (seconds)", positive_number),
             "max_call_seconds": unset_or("a number > 0 (seconds)", positive_number),
             "profile_tokens": unset_or("a token count (4096, 4k, 1m)", matches(COUNT)),
-            **{key: ("true or false", lambda v: isinstance(v, bool)) for key in ("profile", "cuda_graphs")},
         }
     ),
     "bench/model": Schema(
@@ -259,7 +260,7 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             ),
             "dtypes": unset_or(f"a list of {', '.join(BENCH_DTYPES)}", list_of(lambda v: v in BENCH_DTYPES)),
             "batch": ("a list of integers >= 1", list_of(int_at_least(1))),
-            "repeats": unset_or("an integer >= 1", int_at_least(1)),
+            "repeats": unset_or(*at_least(1)),
             "max_step_seconds": unset_or("a number > 0 (seconds)", positive_number),
             "time_budget": unset_or("a number > 0 (seconds)", positive_number),
         }
@@ -268,9 +269,9 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
         {
             **BENCH,
             **BENCH_SEARCH,
-            "checkpointing": ("one of off, on, both", lambda v: v in ("off", "on", "both")),
+            "checkpointing": one_of(("off", "on", "both")),
             "spatial": ("a list of band counts >= 1", list_of(int_at_least(1))),
-            "dtype": unset_or(f"one of {', '.join(BENCH_DTYPES)}", lambda v: v in BENCH_DTYPES),
+            "dtype": unset_or(*one_of(BENCH_DTYPES)),
             "extrapolate_gib": (
                 "a number > 0 (GiB) or null (none)",
                 lambda v: v is None or positive_number(v),
@@ -280,11 +281,8 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
     "bench/raster": Schema(
         {
             **BENCH,
-            **{
-                key: unset_or("an integer >= 1 (pixels)", int_at_least(1))
-                for key in ("size", "crop", "stride")
-            },
-            **{key: ("an integer >= 1", int_at_least(1)) for key in ("crop_batch_size", "classes")},
+            **{key: unset_or(*at_least(1, "(pixels)")) for key in ("size", "crop", "stride")},
+            **{key: at_least(1) for key in ("crop_batch_size", "classes")},
             "baseline": unset_or("true or false", lambda v: isinstance(v, bool)),
         }
     ),
@@ -304,15 +302,15 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             ),
             "batch": unset_or("a list of integers >= 1", list_of(int_at_least(1))),
             "num_workers": unset_or("a list of integers >= 0", list_of(int_at_least(0))),
-            "images": unset_or("an integer >= 1", int_at_least(1)),
-            "repeats": ("an integer >= 5", int_at_least(5)),
+            "images": unset_or(*at_least(1)),
+            "repeats": at_least(5),
         }
     ),
     "bench/traffic": Schema(
         {
-            **{key: ("an integer >= 1", int_at_least(1)) for key in ("size", "batch", "num_classes")},
-            "precision": ("one of bf16-mixed, 32-true", lambda v: v in ("bf16-mixed", "32-true")),
-            "paths": ("gpu or cpu", lambda v: v in ("gpu", "cpu")),
+            **{key: at_least(1) for key in ("size", "batch", "num_classes")},
+            "precision": one_of(("bf16-mixed", "32-true")),
+            "paths": one_of(("gpu", "cpu")),
             "bandwidth": ("a number > 0 (bytes/s)", positive_number),
         }
     ),

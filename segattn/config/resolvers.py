@@ -1,25 +1,14 @@
-"""Where ``conf/`` is, the resolvers its files use (``${repo_root:}``, ``${workers:N}``), and a config node
-as plain values (``plain``): what every command needs from OmegaConf before and after Hydra composes."""
+"""The resolvers conf/'s files use (``${repo_root:}``, ``${workers:N}``), and a config node as plain values
+(``plain``): what every command needs from OmegaConf before and after Hydra composes."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-
-def source_checkout() -> Path | None:
-    """The repository this package runs from (an editable install or a checkout), if any."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "conf").is_dir() else None
-
-
-def config_dir() -> Path:
-    """``conf/``: the checkout's top-level folder, or the copy a non-editable install ships in the package."""
-    checkout = source_checkout()
-    return checkout / "conf" if checkout else Path(__file__).resolve().parents[1] / "conf"
+from ..files import source_checkout
 
 
 def repo_root() -> str:

@@ -26,6 +26,7 @@ import rasterio
 from rasterio.errors import RasterioError
 from rasterio.windows import Window as RioWindow
 
+from ..files import conf_values
 from ..images import Color, DataError, is_raster
 from ..raster_io import RasterImage, check_pair, describe_window, raster_env
 from ..tiling import Window
@@ -128,6 +129,9 @@ class RasterWindows(SegDatasetBase):
         return self.samples[sample].decoder(read_labels(path, window), f"{path} at {describe_window(window)}")
 
 
+DEFAULTS = conf_values("data/raster")  # the windows' size, count and seed, as conf/data/raster.yaml sets them
+
+
 class RasterLayout(FolderLayout):
     """The ``folder`` layout with TIFF rasters, read by window (see the module docstring)."""
 
@@ -144,10 +148,10 @@ class RasterLayout(FolderLayout):
         classes: list[str] | None = None,
         mask_values: dict[int, int] | None = None,
         mask_suffix: str = "",
-        window_size: Sequence[int] = (1024, 1024),
-        windows_per_split: int = 1000,
-        sample_splits: Sequence[str] = ("train",),
-        seed: int = 0,
+        window_size: Sequence[int] = DEFAULTS["window_size"],
+        windows_per_split: int = DEFAULTS["windows_per_split"],
+        sample_splits: Sequence[str] = DEFAULTS["sample_splits"],
+        seed: int = DEFAULTS["seed"],
     ):
         super().__init__(root, classes, "index", mask_values, mask_suffix)
         self.window_size = (int(window_size[0]), int(window_size[-1]))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..files import conf_values
 from ..images import as_hw
 from .base import DataSource, SegDatasetBase, Transform
 from .transforms import build_eval_transform
@@ -28,6 +29,7 @@ SYNTHETIC_CLASSES = [
 SPLITS = ("train", "val", "test")
 FRAME = 1 / 16  # frame width, fraction of the short side
 MARGIN = 1 / 8  # free band between the frame and any shape, fraction of the short side
+DEFAULTS = conf_values("data/synthetic")  # sizes, counts and seed, as conf/data/synthetic.yaml sets them
 FRAME_TONES = ((20, 20, 20), (235, 235, 235))  # dark, light; shapes and background stay within 40..215
 
 
@@ -97,10 +99,10 @@ class SyntheticDataset(SegDatasetBase):
     def __init__(
         self,
         split: str = "train",
-        image_size: int | Sequence[int] = (64, 64),
-        num_samples: int = 384,
-        seed: int = 0,
-        max_shapes: int = 4,
+        image_size: int | Sequence[int] = DEFAULTS["image_size"],
+        num_samples: int = DEFAULTS["num_train"],
+        seed: int = DEFAULTS["seed"],
+        max_shapes: int = DEFAULTS["max_shapes"],
         transform: Transform | None = None,
     ):
         if split not in SPLITS:
@@ -145,12 +147,12 @@ class SyntheticSource(DataSource):
     def __init__(
         self,
         root: str | None = None,
-        image_size: int | Sequence[int] = (64, 64),
-        num_train: int = 384,
-        num_val: int = 64,
-        num_test: int = 64,
-        max_shapes: int = 4,
-        seed: int = 0,
+        image_size: int | Sequence[int] = DEFAULTS["image_size"],
+        num_train: int = DEFAULTS["num_train"],
+        num_val: int = DEFAULTS["num_val"],
+        num_test: int = DEFAULTS["num_test"],
+        max_shapes: int = DEFAULTS["max_shapes"],
+        seed: int = DEFAULTS["seed"],
     ):
         self.classes = [name for name, _ in SYNTHETIC_CLASSES]
         self.palette = [color for _, color in SYNTHETIC_CLASSES]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..images import as_hw
-from ..tiling import MODES, Window, default_stride, scaled_size, slide_windows
+from ..tiling import INFERENCE_DEFAULTS, MODES, Window, default_stride, scaled_size, slide_windows
 
 
 def _check_logits(logits: Tensor, images: Tensor, num_classes: int) -> Tensor:
@@ -62,7 +62,7 @@ def infer_slide(
     num_classes: int,
     crop: tuple[int, int],
     stride: tuple[int, int],
-    crop_batch_size: int = 4,
+    crop_batch_size: int = INFERENCE_DEFAULTS["crop_batch_size"],
 ) -> Tensor:
     """Overlapping crops batched ``crop_batch_size`` at a time; overlaps averaged with a count map."""
     batch, _, height, width = images.shape
@@ -87,12 +87,12 @@ def infer(
     model: Callable[[Tensor], Tensor],
     images: Tensor,
     num_classes: int,
-    mode: str = "whole",
+    mode: str = INFERENCE_DEFAULTS["mode"],
     crop: int | Sequence[int] | None = None,
     stride: int | Sequence[int] | None = None,
-    crop_batch_size: int = 4,
-    scales: Sequence[float] = (1.0,),
-    flip: bool = False,
+    crop_batch_size: int = INFERENCE_DEFAULTS["crop_batch_size"],
+    scales: Sequence[float] = tuple(INFERENCE_DEFAULTS["scales"]),
+    flip: bool = INFERENCE_DEFAULTS["flip"],
 ) -> Tensor:
     """Logits [B, K, H, W] at the size of ``images`` [B, 3, H, W]; runs without autograd. The options are
     the keys of the ``inference`` config group, so ``infer(model, images, K, **inference)`` runs it.

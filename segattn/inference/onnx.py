@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import FileFormatError, one_line
 from ..record import RECORD_KEY, ModelRecord
-from ..tiling import default_stride, slide_windows
+from ..tiling import INFERENCE_DEFAULTS, default_stride, slide_windows
 from .device import CUDA_PROVIDER, onnx_providers
 
 ONNX_FILE = "model.onnx"
@@ -85,11 +85,11 @@ def slide_numpy(
 def infer_numpy(
     model: OnnxSegmentor,
     images: np.ndarray,
-    mode: str = "whole",
+    mode: str = INFERENCE_DEFAULTS["mode"],
     crop: tuple[int, int] | None = None,
     stride: tuple[int, int] | None = None,
-    crop_batch_size: int = 4,
-    flip: bool = False,
+    crop_batch_size: int = INFERENCE_DEFAULTS["crop_batch_size"],
+    flip: bool = INFERENCE_DEFAULTS["flip"],
 ) -> np.ndarray:
     """Logits [B, K, H, W] for normalised float32 ``images`` [B, 3, H, W]; flip TTA averages the mirror."""
     num_classes = model.record.num_classes

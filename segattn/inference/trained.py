@@ -29,23 +29,10 @@ import numpy as np
 
 from ..images import as_hw, indivisible, shrink_image
 from ..record import MODEL_SOURCES, RECORD_FILE, WEIGHTS_FILE, ModelRecord
-from ..tiling import INFERENCE, RUNTIME_KEYS, image_settings
+from ..tiling import INFERENCE, INFERENCE_DEFAULTS, RUNTIME_KEYS, image_settings
 from .device import resolved_precision, torch_device
 from .image_io import normalize, read_input
 from .onnx import ONNX_FILE, OnnxSegmentor, infer_numpy
-
-# The ``inference`` config group's keys and defaults (conf/inference/default.yaml): how a whole image is
-# predicted. ``TrainedModel.logits`` takes them as keyword arguments.
-INFERENCE_DEFAULTS: dict[str, Any] = {
-    "mode": "whole",
-    "crop": None,
-    "stride": None,
-    "crop_batch_size": 4,
-    "scales": [1.0],
-    "flip": False,
-    "precision": "auto",
-    "batch_size": None,
-}
 
 if TYPE_CHECKING:
     import torch
@@ -155,7 +142,7 @@ class TrainedModel:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision(settings))
         return torch.autocast(self.device.partition(":")[0], dtype=dtype, enabled=dtype is not None)
 
-    def windows_network(self, precision: str = "auto") -> Callable[[Tensor], Tensor]:
+    def windows_network(self, precision: str = INFERENCE_DEFAULTS["precision"]) -> Callable[[Tensor], Tensor]:
         """The torch network for windows held on the host (streamed rasters): moved to the model's device,
         run in ``precision`` (``inference.precision``), fp32 logits back on the host."""
         autocast = self.autocast(self.settings(precision=precision))

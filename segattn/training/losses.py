@@ -14,6 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..files import conf_values
+
+CE = conf_values("loss/ce")  # SegLoss's defaults: conf/loss/ce.yaml, the loss a run takes unless told
 
 
 def at_least_float32(tensor: Tensor) -> Tensor:
@@ -182,16 +185,16 @@ class SegLoss(nn.Module):
     def __init__(
         self,
         num_classes: int,
-        ce: float = 1.0,
-        dice: float = 0.0,
-        lovasz: float = 0.0,
-        dice_present_only: bool = True,
-        class_weights: Sequence[float] | None = None,
-        label_smoothing: float = 0.0,
-        ohem_thresh: float | None = None,
-        ohem_min_kept: int = 100_000,
+        ce: float = CE["ce"],
+        dice: float = CE["dice"],
+        lovasz: float = CE["lovasz"],
+        dice_present_only: bool = CE["dice_present_only"],
+        class_weights: Sequence[float] | None = CE["class_weights"],
+        label_smoothing: float = CE["label_smoothing"],
+        ohem_thresh: float | None = CE["ohem_thresh"],
+        ohem_min_kept: int = CE["ohem_min_kept"],
         ignore_index: int = 255,
-        chunk_rows: int | None = None,
+        chunk_rows: int | None = CE["chunk_rows"],
     ) -> None:
         super().__init__()
         check_chunk_rows(chunk_rows, lovasz, ohem_thresh)

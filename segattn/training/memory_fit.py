@@ -19,6 +19,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from ..errors import SegattnError
 
 if TYPE_CHECKING:
+    from ..data import SegDataModule
     from .module import SegmentationModule
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16}
@@ -27,17 +28,18 @@ STRATEGIES_CHECKED = ("auto", "ddp", "ddp_spawn", "single_device")  # each rank 
 
 
 def check_memory_fits(
-    cfg: DictConfig, module: SegmentationModule, sizes: dict[str, tuple[int, int]]
+    cfg: DictConfig, module: SegmentationModule, datamodule: SegDataModule, sizes: dict[str, tuple[int, int]]
 ) -> int | None:
     """Refuse, in one line, a run whose largest training step does not fit its GPU; say the peak when it
-    does. ``sizes``: the training input sizes by the config key that sets them (``preflight.train_sizes``).
+    does. ``sizes``: the training input sizes by the config key that sets them (``preflight.train_sizes``);
+    the batch is ``datamodule``'s, the precision and devices the trainer's (``cfg``, not built yet).
     Returns the peak in bytes, or None where nothing was checked (``check_memory=false``, a CPU run, a
     strategy that splits one step over devices)."""
     device = training_device(cfg)
     if not cfg.get("check_memory", True) or device is None or not sizes:
         return None
     where, (height, width) = max(sizes.items(), key=lambda item: item[1][0] * item[1][1])
-    batch = int(cfg.data.batch_size)
+    batch = datamodule.batch_size
     dtype = AUTOCAST.get(str(cfg.trainer.get("precision")))
     total = torch.cuda.get_device_properties(device).total_memory
     try:
@@ -46,8 +48,8 @@ def check_memory_fits(
         release(module)
         raise SegattnError(
             f"{where} at data.batch_size={batch}: one training step does not fit in {device} "
-            f"({torch.cuda.get_device_name(device)}, {total / 2**30:.1f} GiB); {remedies(cfg, batch)}; "
-            "or check_memory=false to try anyway"
+            f"({torch.cuda.get_device_name(device)}, {total / 2**30:.1f} GiB); "
+            f"{remedies(cfg, module, datamodule)}; or check_memory=false to try anyway"
         ) from None
     share = peak / total
     note = "; tight: optimizer state comes on top" if share > TIGHT else ""
@@ -108,21 +110,22 @@ def release(module: SegmentationModule) -> None:
     torch.cuda.empty_cache()
 
 
-def remedies(cfg: DictConfig, batch: int) -> str:
-    """The settings that cut a step's memory, those not already in use, by what they give up least."""
+def remedies(cfg: DictConfig, module: SegmentationModule, datamodule: SegDataModule) -> str:
+    """The settings that cut a step's memory, those the built ``module`` and ``datamodule`` (and the
+    trainer's precision) do not already use, by what they give up least."""
     steps = []
-    if not cfg.model.get("grad_checkpointing"):
+    if not module.model.config.get("grad_checkpointing"):
         steps.append("model.grad_checkpointing=true")
-    if cfg.loss.get("chunk_rows") is None:
+    if module.criterion.chunk_rows is None:
         steps.append("loss.chunk_rows=256")
     if str(cfg.trainer.get("precision")) not in AUTOCAST:
         steps.append("trainer.precision=bf16-mixed")
-    if batch > 1:
-        steps.append(f"data.batch_size={batch // 2}")
-    if cfg.data.crop_size is not None:
+    if datamodule.batch_size > 1:
+        steps.append(f"data.batch_size={datamodule.batch_size // 2}")
+    if datamodule.crop_size is not None:
         steps.append("a smaller data.crop_size")
-    elif "downsample" in cfg.data:
-        steps.append(f"data.downsample={2 * int(cfg.data.downsample)}")
+    elif hasattr(datamodule.source, "downsample"):  # a dataset that can be read shrunk
+        steps.append(f"data.downsample={2 * datamodule.downsample}")
     return "set " + ", ".join(steps)
 
 

@@ -10,15 +10,19 @@ from torch import nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, PolynomialLR, SequentialLR
 
+from ..files import conf_values
+
 SCHEDULES = ("poly", "cosine")
+# the defaults of the builders' options, as conf/optimizer/ and conf/scheduler/ declare them
+ADAMW, POLY, COSINE = map(conf_values, ("optimizer/adamw", "scheduler/poly", "scheduler/cosine"))
 
 
 def build_optimizer(
     model: nn.Module,
     lr: float,
     weight_decay: float,
-    betas: Sequence[float] = (0.9, 0.999),
-    eps: float = 1e-8,
+    betas: Sequence[float] = ADAMW["betas"],
+    eps: float = ADAMW["eps"],
 ) -> Optimizer:
     """AdamW over ``model.param_groups(lr, weight_decay)`` (the model decides decay and LR multipliers)."""
     return AdamW(
@@ -29,11 +33,11 @@ def build_optimizer(
 def build_scheduler(
     optimizer: Optimizer,
     total_steps: int,
-    name: str = "poly",
+    name: str = POLY["name"],
     warmup_steps: int = 0,
-    warmup_start_factor: float = 1e-6,
-    power: float = 1.0,
-    eta_min: float = 0.0,
+    warmup_start_factor: float = POLY["warmup_start_factor"],
+    power: float = POLY["power"],
+    eta_min: float = COSINE["eta_min"],
 ) -> LRScheduler:
     """LR factor ramps linearly from ``warmup_start_factor`` to 1 over ``warmup_steps``, then decays to
     0 (poly: (1 - t)^power) or to ``eta_min`` (cosine) at ``total_steps``; stepped once per optimizer step.

@@ -7,8 +7,8 @@ dataset names and a ``data.num_classes`` that disagrees with the dataset are ref
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
@@ -54,19 +54,19 @@ def check_token_limit(model: Segmentor, size: Sequence[int], where: str) -> None
         )
 
 
-def eval_sizes(cfg: DictConfig, datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
-    """The input sizes validation will feed the model, by the config key that sets them."""
-    inference = cfg.inference
-    if inference.mode == "slide":
-        crop = as_hw(inference.crop, "inference.crop")
+def eval_sizes(inference: Mapping[str, Any], datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
+    """The input sizes validation will feed the model (its ``inference`` settings), by the config key that
+    sets them."""
+    if inference["mode"] == "slide":
+        crop = as_hw(inference["crop"], "inference.crop")
         return {f"inference.crop={list(crop)}": crop}
     dataset = datamodule.datasets["val"]
     if len(dataset) == 0:
         return {}
     first = dataset[0]  # whole-image validation: the first image, at the largest test-time scale
     height, width = first["image"].shape[-2:]
-    where = f"inference.scales={list(inference.scales)} on {first['path']}"
-    return {where: scaled_size(height, width, max(inference.scales))}
+    where = f"inference.scales={list(inference['scales'])} on {first['path']}"
+    return {where: scaled_size(height, width, max(inference["scales"]))}
 
 
 def train_sizes(datamodule: SegDataModule) -> dict[str, tuple[int, int]]:
@@ -104,40 +104,41 @@ def preflight(cfg: DictConfig, datamodule: SegDataModule, module: SegmentationMo
     cannot take, whole-image batches of mixed sizes, a training step larger than the GPU. Errors name the
     file or config key and what was expected."""
     datamodule.setup("fit")
-    training = train_sizes(datamodule)
-    if datamodule.crop_size is None and cfg.inference.mode != "whole":
+    training, mode = train_sizes(datamodule), module.inference["mode"]
+    if datamodule.crop_size is None and mode != "whole":
         rank_zero_info(
-            f"data.crop_size=null trains on whole images while validation uses inference.mode="
-            f"{cfg.inference.mode}; set inference.mode=whole to validate and test on whole images too"
+            f"data.crop_size=null trains on whole images while validation uses inference.mode={mode}; set "
+            "inference.mode=whole to validate and test on whole images too"
         )
-    sizes = {**training, **eval_sizes(cfg, datamodule)}
+    sizes = {**training, **eval_sizes(module.inference, datamodule)}
     for where, size in sizes.items():
         check_token_limit(module.model, size, where)
-    check_bands(cfg, module.model, sizes)
-    check_memory_fits(cfg, module, training)
+    check_bands(OmegaConf.select(cfg, "trainer.strategy"), module, sizes)
+    check_memory_fits(cfg, module, datamodule, training)
 
 
-def check_bands(cfg: DictConfig, model: Segmentor, sizes: dict[str, tuple[int, int]]) -> None:
-    """Refuse, under ``trainer.strategy.name=spatial``, a model, loss, validation or input size that cannot
-    split into ``trainer.strategy.bands`` bands; each refusal names the key and the alternatives."""
-    strategy = OmegaConf.select(cfg, "trainer.strategy")
+def check_bands(strategy: Any, module: SegmentationModule, sizes: dict[str, tuple[int, int]]) -> None:
+    """Refuse, under ``trainer.strategy.name=spatial``, a model, loss, validation or input size of the built
+    ``module`` that cannot split into ``trainer.strategy.bands`` bands; each refusal names the key and the
+    alternatives."""
     if not (OmegaConf.is_dict(strategy) and strategy.get("name") == "spatial"):
         return
+    model, loss, inference = module.model, module.criterion, module.inference
     check_band_variant(model)
-    check_band_loss(cfg.loss.dice, cfg.loss.lovasz, cfg.loss.ohem_thresh)
-    if cfg.loss.get("chunk_rows") is not None:
+    check_band_loss(loss.dice, loss.lovasz, loss.ohem_thresh)
+    if loss.chunk_rows is not None:
         raise ConfigError(
-            f"loss.chunk_rows={cfg.loss.chunk_rows} with trainer=spatial: each band scores its own rows "
+            f"loss.chunk_rows={loss.chunk_rows} with trainer=spatial: each band scores its own rows "
             "already; set loss.chunk_rows=null"
         )
-    if cfg.model.get("compile"):
+    if module.compile_network:
         raise ValueError(
             "model.compile=true with trainer=spatial: compiled graphs do not run the band exchanges"
         )
-    inference = cfg.inference
-    if inference.mode != "whole" or list(inference.scales) != [1.0] or inference.flip:
+    mode, scales, flip = inference["mode"], list(inference["scales"]), inference["flip"]
+    if mode != "whole" or scales != [1.0] or flip:
         raise ValueError(
-            f"inference.mode={inference.mode}, scales={list(inference.scales)}, flip={inference.flip}: "
+            f"inference.mode={mode}, scales={scales}, flip={flip}: "
             "with trainer=spatial validation splits each whole image into bands; use inference.mode=whole "
             "inference.scales=[1.0] inference.flip=false"
         )

@@ -96,7 +96,7 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     on_gpu = step_traffic(module, 1, 64, 64, device_paths="gpu")
     on_cpu = step_traffic(module, 1, 64, 64, device_paths="cpu")
     operators = {op for op, _ in on_gpu.by_op if op.startswith("segattn.")}
-    assert {"segattn.kernel_attention", "segattn.kernel_attention_query_backward"} <= operators
+    assert {"segattn.kernel_attention", "segattn.kernel_attention_backward"} <= operators
     assert not any(op.startswith("segattn.") for op, _ in on_cpu.by_op)
     gpu_core, cpu_core = (
         step.bytes[(ATTENTION, "forward")] + step.bytes[(ATTENTION, "backward")] for step in (on_gpu, on_cpu)

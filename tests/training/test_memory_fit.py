@@ -4,6 +4,8 @@ measures."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -78,27 +80,26 @@ def test_a_step_too_large_is_refused_before_anything_is_written(tmp_path, monkey
 
 
 def test_remedies_leave_out_what_the_run_already_uses():
-    cfg = OmegaConf.create(
-        {
-            "model": {"grad_checkpointing": True},
-            "loss": {"chunk_rows": 128},
-            "trainer": {"precision": "bf16-mixed"},
-            "data": {"crop_size": None, "downsample": 2},
-        }
+    cfg = OmegaConf.create({"trainer": {"precision": "bf16-mixed"}})
+    module = SimpleNamespace(
+        model=SimpleNamespace(config={"grad_checkpointing": True}), criterion=SimpleNamespace(chunk_rows=128)
     )
-    assert memory_fit.remedies(cfg, batch=1) == "set data.downsample=4"
+    datamodule = SimpleNamespace(
+        batch_size=1, crop_size=None, downsample=2, source=SimpleNamespace(downsample=2)
+    )
+    assert memory_fit.remedies(cfg, module, datamodule) == "set data.downsample=4"
 
 
 def test_a_step_that_fits_is_said_with_its_peak(monkeypatch, one_fake_gpu, caplog):
     monkeypatch.setattr(memory_fit, "step_peak_bytes", lambda *args: int(75 * GIB))
-    cfg = OmegaConf.merge(
-        trainer_cfg(precision="bf16-mixed"), {"check_memory": True, "data": {"batch_size": 1}}
-    )
+    cfg = OmegaConf.merge(trainer_cfg(precision="bf16-mixed"), {"check_memory": True})
+    datamodule = SimpleNamespace(batch_size=1)
     with caplog.at_level("INFO"):
-        peak = memory_fit.check_memory_fits(cfg, None, {"data.crop_size=[64, 64]": (64, 64)})
+        peak = memory_fit.check_memory_fits(cfg, None, datamodule, {"data.crop_size=[64, 64]": (64, 64)})
     assert peak == 75 * GIB
     assert "peaks at 75.00 GiB of 80.0 GiB on cuda:0; tight: optimizer state comes on top" in caplog.text
-    assert memory_fit.check_memory_fits(OmegaConf.merge(cfg, {"check_memory": False}), None, {}) is None
+    unchecked = OmegaConf.merge(cfg, {"check_memory": False})
+    assert memory_fit.check_memory_fits(unchecked, None, datamodule, {}) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -112,6 +113,6 @@ def test_the_step_on_cuda_measures_a_peak_and_leaves_no_gradients(tmp_path):
     torch.cuda.set_per_process_memory_fraction(peak / 4 / torch.cuda.get_device_properties(0).total_memory)
     try:
         with pytest.raises(SegattnError, match="one training step does not fit in cuda:0"):
-            memory_fit.check_memory_fits(cfg, module, {"data.crop_size=[512, 512]": (512, 512)})
+            memory_fit.check_memory_fits(cfg, module, datamodule, {"data.crop_size=[512, 512]": (512, 512)})
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
