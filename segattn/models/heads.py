@@ -67,11 +67,12 @@ class MLPHead(nn.Module):
 
     Computed in an equivalent order that moves fewer bytes. Projections, fusion conv and bilinear upsampling
     are linear, so each level's projection is folded into its slice of the fusion weight and no
-    [B, levels·channels, H/4, W/4] concatenation exists. A level narrower than ``channels`` is upsampled as
-    it comes and stacked with the other narrow ones; a wider one is projected at its own resolution, then
-    upsampled, and these are summed with every bias. The fused map is one batched matmul of the stack,
-    added onto that sum. Dropout2d zeroes whole channels, so its mask is drawn as it would be and folded
-    into the classifier's weight per image. Same parameters and function.
+    [B, levels·channels, H/4, W/4] concatenation exists. A level narrower than ``channels`` is cheaper to
+    upsample before its projection: those are upsampled as they come and stacked; a wider one is projected
+    at its own resolution, then upsampled, and these are summed with every bias. The fused map is one
+    batched matmul of the stack added onto that sum, not a full-resolution sum per level. In training,
+    Dropout2d's channel mask is drawn as it would be and folded into the classifier's weight per image.
+    Same parameters and function.
     """
 
     def __init__(
