@@ -7,6 +7,7 @@ hidden width of heads that have one.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,8 +72,9 @@ class MLPHead(nn.Module):
     upsample before its projection: those are upsampled as they come and stacked; a wider one is projected
     at its own resolution, then upsampled, and these are summed with every bias. The fused map is one
     batched matmul of the stack added onto that sum, not a full-resolution sum per level. In training,
-    Dropout2d's channel mask is drawn as it would be and folded into the classifier's weight per image.
-    Same parameters and function.
+    Dropout2d's channel mask is drawn as it would be and folded into the classifier's weight per image, and
+    the ReLU goes with the classifier (``ReluClassifier``), so backward holds no more maps than the plain
+    order did. Same parameters (``fuse`` is the conv and BN; the ReLU has none) and function.
     """
 
     def __init__(
@@ -81,20 +83,18 @@ class MLPHead(nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.proj = nn.ModuleList(nn.Conv2d(c, channels, 1) for c in in_channels)
-        self.fuse = ConvNormAct(channels * len(in_channels), channels, 1)
+        self.fuse = ConvNormAct(channels * len(in_channels), channels, 1, apply_act=False)
         self.dropout = nn.Dropout2d(dropout)
         self.classifier = nn.Conv2d(channels, num_classes, 1)
 
     def forward(self, features: list[Tensor]) -> Tensor:
-        fused = self.fuse.bn(self.fused(features))  # fuse = conv, then BN + ReLU
-        if not self.training or self.dropout.p == 0:
-            return self.classifier(fused)
-        batch, channels, height, width = fused.shape
-        ones = torch.ones(batch, channels, 1, 1, dtype=fused.dtype, device=fused.device)
-        keep = self.dropout(ones).flatten(1)  # the channel mask Dropout2d draws for ``fused``
+        normed = self.fuse.bn(self.fused(features))  # fuse = conv, then BN; the ReLU follows here
+        if not self.training:
+            return self.classifier(normed.relu_())
+        ones = torch.ones(*normed.shape[:2], 1, 1, dtype=normed.dtype, device=normed.device)
+        keep = self.dropout(ones).flatten(1)  # the channel mask Dropout2d draws for the fused map
         weight = self.classifier.weight.flatten(1) * keep[:, None, :]  # [B, classes, channels]
-        logits = torch.baddbmm(self.classifier.bias[:, None], weight, fused.flatten(2))
-        return logits.view(batch, -1, height, width)
+        return ReluClassifier.apply(normed, weight, self.classifier.bias)
 
     def fused(self, features: list[Tensor]) -> Tensor:
         """The fusion conv's output before its BN and ReLU: [B, channels, H_0, W_0]."""
@@ -112,9 +112,36 @@ class MLPHead(nn.Module):
             return summed.unflatten(2, size)
         levels = [resized(features[i], size) for i in narrow]
         stack = (levels[0] if len(levels) == 1 else torch.cat(levels, dim=1)).flatten(2)
+        del levels  # the upsampled levels are in the stack now: free them before the matmul's output
         weight = torch.cat([weights[i] for i in narrow], dim=1).expand(stack.shape[0], -1, -1)
         summed = bias[:, None] if summed is None else summed
         return torch.baddbmm(summed, weight, stack).unflatten(2, size)
+
+
+class ReluClassifier(torch.autograd.Function):
+    """ReLU, then a 1×1 classifier with a weight per image ([B, classes, channels]): the gradient of the
+    ReLU's input is masked in place, so one full-resolution map fewer is alive in backward than autograd's
+    own ReLU backward needs. Runs in the dtype autocast gives the classifier; gradients in the inputs'."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        y = x.relu()
+        logits = torch.baddbmm(bias[:, None], weight, y.flatten(2))
+        ctx.save_for_backward(y, weight)
+        ctx.bias_dtype = bias.dtype
+        return logits.unflatten(2, x.shape[-2:])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        y, weight = ctx.saved_tensors
+        grad, activations = grad.flatten(2), y.flatten(2).to(grad.dtype)
+        grad_y = torch.bmm(weight.to(grad.dtype).transpose(1, 2), grad).to(y.dtype).view_as(y)
+        # in y's memory layout: given another, BatchNorm's CPU backward (torch 2.14) is wrong for inputs
+        # with PVT's [1, N, C] token strides
+        grad_x = grad_y if grad_y.stride() == y.stride() else torch.empty_like(y)
+        torch.ops.aten.threshold_backward.grad_input(grad_y, y, 0, grad_input=grad_x)
+        grad_weight = torch.bmm(grad, activations.transpose(1, 2)).to(weight.dtype)
+        return grad_x, grad_weight, grad.sum((0, 2)).to(ctx.bias_dtype)
 
 
 class FCNHead(nn.Module):

@@ -6,19 +6,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from segattn.models.heads import MLPHead
+from segattn.models.heads import MLPHead, ReluClassifier
 
 LEVEL_CHANNELS = [8, 16, 24, 32]
 
 
 def published_mlp_head(head: MLPHead, features: list[torch.Tensor]) -> torch.Tensor:
-    """Xie et al. 2021 as written: project each level, upsample to the first, concatenate, fuse, classify."""
+    """Xie et al. 2021 as written: project each level, upsample to the first, concatenate, fuse (conv, BN,
+    ReLU), classify."""
     size = features[0].shape[-2:]
     levels = [
         F.interpolate(proj(feature), size=size, mode="bilinear", align_corners=False)
         for proj, feature in zip(head.proj, features, strict=True)
     ]
-    return head.classifier(head.dropout(head.fuse(torch.cat(levels, dim=1))))
+    return head.classifier(head.dropout(F.relu(head.fuse(torch.cat(levels, dim=1)))))
 
 
 def random_head(channels: int, dropout: float, dtype: torch.dtype) -> MLPHead:
@@ -76,6 +77,25 @@ def test_mlp_head_equals_the_published_order_with_gradients(
         assert_close(getattr(ours_head.fuse.bn, name), buffer, rtol)
 
 
+@pytest.mark.parametrize("channels", [12, 4])
+def test_mlp_head_equals_the_published_order_on_channels_last_grids(channels: int) -> None:
+    """Features as PVT hands them over, channels last, one image: the sum of the wide levels then has
+    batch stride C, a layout whose BatchNorm gradients torch's CPU kernel gets wrong when the output
+    gradient comes in another."""
+    torch.manual_seed(0)
+    head = random_head(channels, dropout=0.0, dtype=torch.float64).train()
+    features = [
+        feature.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+        for feature in level_features(torch.float64, batch=1)
+    ]
+    upstream = torch.randn(1, 5, 16, 22, dtype=torch.float64)
+    ours, ours_grads = outputs_and_grads(MLPHead.__call__, head, features, upstream, seed=1)
+    want, want_grads = outputs_and_grads(published_mlp_head, copy.deepcopy(head), features, upstream, seed=1)
+    assert_close(ours, want, 1e-12)
+    for grad, expected in zip(ours_grads, want_grads, strict=True):
+        assert_close(grad, expected, 1e-11)
+
+
 def test_mlp_head_dropout_zeroes_the_channels_dropout2d_draws() -> None:
     """With the fused map's dropout folded into the classifier, a dropped channel still reaches no logit."""
     torch.manual_seed(0)
@@ -113,6 +133,14 @@ def test_mlp_head_in_bf16_autocast_is_as_close_to_fp32_as_the_published_order(tr
         assert out.dtype == torch.bfloat16
         assert (out.float() - exact).norm() <= 4 * 2**-8 * exact.norm()
         assert (grads - exact_grads).norm() <= 24 * 2**-8 * exact_grads.norm()
+
+
+def test_relu_classifier_gradients_match_finite_differences() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 3, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ReluClassifier.apply, (x, weight, bias))
 
 
 def test_mlp_head_state_dict_keys_are_the_published_modules() -> None:
