@@ -136,8 +136,8 @@ class ReluClassifier(torch.autograd.Function):
         y, weight = ctx.saved_tensors
         grad, activations = grad.flatten(2), y.flatten(2).to(grad.dtype)
         grad_y = torch.bmm(weight.to(grad.dtype).transpose(1, 2), grad).to(y.dtype).view_as(y)
-        # in y's memory layout: given another, BatchNorm's CPU backward (torch 2.14) is wrong for inputs
-        # with PVT's [1, N, C] token strides
+        # in y's memory layout: given another, BatchNorm's CPU backward (torch 2.14) is wrong for a
+        # channels-last input of one image with batch stride C (the wide levels' sum on PVT features)
         grad_x = grad_y if grad_y.stride() == y.stride() else torch.empty_like(y)
         torch.ops.aten.threshold_backward.grad_input(grad_y, y, 0, grad_input=grad_x)
         grad_weight = torch.bmm(grad, activations.transpose(1, 2)).to(weight.dtype)
