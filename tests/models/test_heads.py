@@ -1,36 +1,155 @@
 """The SegFormer head's reordered computation equals the published one (upsample, concat, 1×1 fusion)."""
 
+import copy
+
+import pytest
 import torch
 import torch.nn.functional as F
 
-from segattn.models.heads import MLPHead
+from segattn.models.heads import MLPHead, ReluClassifier
+
+LEVEL_CHANNELS = [8, 16, 24, 32]
 
 
 def published_mlp_head(head: MLPHead, features: list[torch.Tensor]) -> torch.Tensor:
-    """Xie et al. 2021 as written: project each level, upsample to the first, concatenate, fuse, classify."""
+    """Xie et al. 2021 as written: project each level, upsample to the first, concatenate, fuse (conv, BN,
+    ReLU), classify."""
     size = features[0].shape[-2:]
     levels = [
         F.interpolate(proj(feature), size=size, mode="bilinear", align_corners=False)
         for proj, feature in zip(head.proj, features, strict=True)
     ]
-    return head.classifier(head.dropout(head.fuse(torch.cat(levels, dim=1))))
+    return head.classifier(head.dropout(F.relu(head.fuse(torch.cat(levels, dim=1)))))
 
 
-def test_mlp_head_equals_the_published_order_with_gradients() -> None:
-    torch.manual_seed(0)
-    channels = [8, 16, 24, 32]
-    head = MLPHead(channels, num_classes=5, channels=12, dropout=0.0).double().train()
-    for param in head.parameters():  # no trivial zero biases / unit BN
-        torch.nn.init.normal_(param)
-    features = [  # odd sizes: upsampling is not an exact 2×
-        torch.randn(2, c, 15 // 2**i + 1, 21 // 2**i + 1, dtype=torch.float64, requires_grad=True)
-        for i, c in enumerate(channels)
+def random_head(channels: int, dropout: float, dtype: torch.dtype) -> MLPHead:
+    """An MLPHead on ``LEVEL_CHANNELS`` with every parameter and BN statistic random (no zero biases or unit
+    BN that would hide a mistake)."""
+    head = MLPHead(LEVEL_CHANNELS, num_classes=5, channels=channels, dropout=dropout).to(dtype)
+    with torch.no_grad():
+        for param in head.parameters():
+            torch.nn.init.normal_(param)
+        head.fuse.bn.running_mean.normal_()
+        head.fuse.bn.running_var.uniform_(0.5, 1.5)
+    return head
+
+
+def level_features(dtype: torch.dtype, batch: int = 2) -> list[torch.Tensor]:
+    """Features of odd sizes (upsampling is not an exact 2×), shallow to deep."""
+    return [
+        torch.randn(batch, c, 15 // 2**i + 1, 21 // 2**i + 1, dtype=dtype, requires_grad=True)
+        for i, c in enumerate(LEVEL_CHANNELS)
     ]
-    ours, published = head(features), published_mlp_head(head, features)
-    assert (ours - published).abs().max() <= 1e-12 * published.abs().max()
-    upstream = torch.randn_like(ours)
-    inputs = [*features, *head.parameters()]
-    grads = torch.autograd.grad(ours, inputs, upstream)
-    expected = torch.autograd.grad(published, inputs, upstream)
-    for grad, want in zip(grads, expected, strict=True):
-        assert (grad - want).abs().max() <= 1e-11 * want.abs().max().clamp_min(1.0)
+
+
+def outputs_and_grads(
+    forward, head: MLPHead, features: list[torch.Tensor], upstream: torch.Tensor | None, seed: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)  # the same Dropout2d draw for both
+    out = forward(head, features)
+    upstream = torch.randn_like(out) if upstream is None else upstream
+    return out, torch.autograd.grad(out, [*features, *head.parameters()], upstream)
+
+
+def assert_close(ours: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    assert (ours.double() - want.double()).abs().max() <= rtol * want.double().abs().max().clamp_min(1.0)
+
+
+# head widths 12: levels of 8 channels stacked narrow, 16-32 projected wide; 40: all narrow; 4: all wide
+@pytest.mark.parametrize("channels", [12, 40, 4])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_mlp_head_equals_the_published_order_with_gradients(
+    channels: int, training: bool, dtype: torch.dtype
+) -> None:
+    torch.manual_seed(0)
+    ours_head = random_head(channels, dropout=0.3, dtype=dtype).train(training)
+    published_head = copy.deepcopy(ours_head)
+    features = level_features(dtype)
+    upstream = torch.randn(2, 5, 16, 22, dtype=dtype)
+    ours, ours_grads = outputs_and_grads(MLPHead.__call__, ours_head, features, upstream, seed=1)
+    want, want_grads = outputs_and_grads(published_mlp_head, published_head, features, upstream, seed=1)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert_close(ours, want, rtol)
+    for grad, expected in zip(ours_grads, want_grads, strict=True):
+        assert_close(grad, expected, 10 * rtol)
+    for name, buffer in published_head.fuse.bn.named_buffers():  # BN's running statistics updated alike
+        assert_close(getattr(ours_head.fuse.bn, name), buffer, rtol)
+
+
+@pytest.mark.parametrize("channels", [12, 4])
+def test_mlp_head_equals_the_published_order_on_channels_last_grids(channels: int) -> None:
+    """Features as PVT hands them over, channels last, one image: the sum of the wide levels then has
+    batch stride C, a layout whose BatchNorm gradients torch's CPU kernel gets wrong when the output
+    gradient comes in another."""
+    torch.manual_seed(0)
+    head = random_head(channels, dropout=0.0, dtype=torch.float64).train()
+    features = [
+        feature.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+        for feature in level_features(torch.float64, batch=1)
+    ]
+    upstream = torch.randn(1, 5, 16, 22, dtype=torch.float64)
+    ours, ours_grads = outputs_and_grads(MLPHead.__call__, head, features, upstream, seed=1)
+    want, want_grads = outputs_and_grads(published_mlp_head, copy.deepcopy(head), features, upstream, seed=1)
+    assert_close(ours, want, 1e-12)
+    for grad, expected in zip(ours_grads, want_grads, strict=True):
+        assert_close(grad, expected, 1e-11)
+
+
+def test_mlp_head_dropout_zeroes_the_channels_dropout2d_draws() -> None:
+    """With the fused map's dropout folded into the classifier, a dropped channel still reaches no logit."""
+    torch.manual_seed(0)
+    head = random_head(12, dropout=0.5, dtype=torch.float64).train()
+    features = level_features(torch.float64)
+    torch.manual_seed(3)
+    keep = torch.nn.functional.dropout2d(torch.ones(2, 12, 1, 1, dtype=torch.float64), 0.5)
+    torch.manual_seed(3)
+    expected = published_mlp_head(copy.deepcopy(head), features)
+    torch.manual_seed(3)
+    ours = head(features)
+    assert 0 < keep.count_nonzero() < keep.numel()  # the draw drops some channels and keeps some
+    assert_close(ours, expected, 1e-12)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_mlp_head_in_bf16_autocast_is_as_close_to_fp32_as_the_published_order(training: bool) -> None:
+    """Under bf16 autocast both orders round; both stay within the same bound of the fp32 result: the
+    logits within 4 bf16 epsilons (norm-wise), the gradients within 24 (a few ReLU inputs near zero flip
+    sign under rounding, in the published order as much as in ours)."""
+    torch.manual_seed(0)
+    head = MLPHead(LEVEL_CHANNELS, num_classes=5, channels=12, dropout=0.3).train(training)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.normal_(0.0, 0.3)
+        head.fuse.bn.weight.uniform_(0.5, 1.5)
+    features = level_features(torch.float32)
+    upstream = torch.randn(2, 5, 16, 22)
+    exact, exact_grads = outputs_and_grads(published_mlp_head, copy.deepcopy(head), features, upstream, 1)
+    exact_grads = torch.cat([grad.flatten() for grad in exact_grads])
+    for forward in (MLPHead.__call__, published_mlp_head):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, grads = outputs_and_grads(forward, copy.deepcopy(head), features, upstream, seed=1)
+        grads = torch.cat([grad.float().flatten() for grad in grads])
+        assert out.dtype == torch.bfloat16
+        assert (out.float() - exact).norm() <= 4 * 2**-8 * exact.norm()
+        assert (grads - exact_grads).norm() <= 24 * 2**-8 * exact_grads.norm()
+
+
+def test_relu_classifier_gradients_match_finite_differences() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 3, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ReluClassifier.apply, (x, weight, bias))
+
+
+def test_mlp_head_state_dict_keys_are_the_published_modules() -> None:
+    """Checkpoints and the Hugging Face converter address the head by these keys."""
+    keys = set(MLPHead([8, 16], num_classes=3, channels=4).state_dict())
+    assert keys == {
+        *(f"proj.{i}.{p}" for i in range(2) for p in ("weight", "bias")),
+        "fuse.conv.weight",
+        *(f"fuse.bn.{p}" for p in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")),
+        "classifier.weight",
+        "classifier.bias",
+    }
