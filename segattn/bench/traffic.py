@@ -2,7 +2,8 @@
 allocated or computed, so a 4096² step of any model is counted on a CPU in seconds.
 
 Each ATen op is charged the bytes of its tensor inputs and outputs (it reads each input and writes each
-output once; views move nothing). A forward op is charged to the innermost module running it; a backward op
+output once; an ``out=`` tensor is written, not read; views and ``empty`` allocations move nothing). A
+forward op is charged to the innermost module running it, a module's output to that module; a backward op
 to the module whose forward created the autograd node it belongs to (a node made inside an autograd Function
 or by a view takes the component of the node that consumed its output). Ops of a forward recomputed in
 backward (``model.grad_checkpointing``) count as backward. The step is the LightningModule's own
@@ -39,6 +40,12 @@ REST = "patch embeddings and the rest"
 COMPONENTS = (FEED_FORWARD, HEAD, LOSS, PROJECTIONS, NORMS, ATTENTION, REST)
 PROJECTION_NAMES = {"qkv", "q", "k", "v", "kv", "proj"}
 PHASES = ("forward", "backward")
+ALLOCATIONS = {
+    torch.ops.aten.empty,
+    torch.ops.aten.empty_like,
+    torch.ops.aten.empty_strided,
+    torch.ops.aten.new_empty,
+}
 
 
 def component_of(path: str) -> str:
@@ -108,9 +115,9 @@ class ModulePaths:
             self.stack.append(name)
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.tag(output)  # before the pop: an output made by an autograd Function is the module's own
         if self.names.get(id(module)) is not None:
             self.stack.pop()
-        self.tag(output)
 
     def tag(self, output: Any) -> None:
         if not self.stack:
@@ -157,9 +164,11 @@ class CountBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         output = func(*args, **(kwargs or {}))
-        if func.namespace not in ("aten", "segattn") or func.is_view:
-            return output  # metadata queries and views move no bytes
-        tensors = [t for t in tree_leaves((args, kwargs, output)) if isinstance(t, torch.Tensor)]
+        if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in ALLOCATIONS:
+            return output  # metadata queries, views and allocations move no bytes
+        kwargs = kwargs or {}
+        reads = (args, {key: value for key, value in kwargs.items() if key != "out"})  # out=: written only
+        tensors = [t for t in tree_leaves((reads, output)) if isinstance(t, torch.Tensor)]
         moved = sum(t.numel() * t.element_size() for t in tensors)
         node = torch._C._current_autograd_node()
         # the running module (a forward, or one recomputed in backward), else the node's (None: the loss's

@@ -105,6 +105,37 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
+class Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.mul(x, 2, out=torch.empty_like(x))  # an allocation, then a write only
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class FunctionHead(nn.Module):
+    """A head whose output is made by an autograd Function (with an ``out=`` op inside): the head's."""
+
+    def forward(self, x):
+        return Doubled.apply(x)
+
+
+def test_a_modules_function_output_and_out_tensors_are_charged_once_to_the_module():
+    step = OneConvStep()
+    step.model.head = nn.Sequential(nn.Conv2d(3, 2, 1, bias=False), FunctionHead())
+    pixels = 4 * 4
+    traffic = step_traffic(step, 1, 4, 4, precision="32-true", device_paths="cpu")
+    convolution = 3 * pixels + 6 + 2 * pixels
+    # the Function's mul reads 2 channels and writes its out= tensor once; the allocation moves nothing
+    assert traffic.bytes[(HEAD, "forward")] == 4 * (convolution + 2 * (2 * pixels))
+    assert traffic.bytes[(LOSS, "forward")] == 4 * (2 * pixels + 1)
+    # the Function's backward (grad * 2) is the head's, not the loss's
+    assert traffic.by_op[("aten.mul", "backward")] >= 2 * 4 * 2 * pixels
+    assert traffic.bytes[(LOSS, "backward")] < traffic.bytes[(HEAD, "backward")]
+
+
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision='fp8': expected bf16-mixed or 32-true"):
         step_traffic(OneConvStep(), 1, 4, 4, precision="fp8")
