@@ -153,17 +153,21 @@ def conv_gelu_backward_kernel(
 
 
 def blocks(channels: int, compiled: bool) -> tuple[int, int]:
-    """(pixels, channels) per forward program: 64 channels (128 bytes of bf16) where C allows; under the
-    interpreter (not ``compiled``), which runs programs one by one at a fixed cost per operation, more
-    pixels."""
-    return 16 if compiled else 64, max(16, min(64, triton.next_power_of_2(channels)))
+    """(pixels, channels) per forward program: 16 × 64 (128 bytes of bf16 a row) where C allows; under the
+    interpreter (not ``compiled``), which runs programs one by one at a fixed cost per operation, 64 pixels
+    and up to 256 channels."""
+    widest = 64 if compiled else 256
+    return 16 if compiled else 64, max(16, min(widest, triton.next_power_of_2(channels)))
 
 
-def strips(compiled: bool) -> tuple[int, int]:
+def strips(height: int, width: int, compiled: bool) -> tuple[int, int]:
     """(rows, columns) of the backward's strips: 16 × 8 (the two rows of ĝ computed before each strip's
     first cost 1/8 more; at 64 channels and 4 warps 145 registers on sm_90, where 16 columns took 216);
-    under the interpreter 4 × 4, so that tiny grids still cross strips both ways."""
-    return (16, 8) if compiled else (4, 4)
+    under the interpreter, which pays per operation, two strips down the rows and one across the columns,
+    except that grids up to 8 wide take 4 columns, so the tests' tiny grids still cross strips both ways."""
+    if compiled:
+        return 16, 8
+    return max(4, triton.cdiv(height, 2)), 4 if width <= 8 else triton.next_power_of_2(width)
 
 
 def backward_splits(x: Tensor, num_strips: int, channel_blocks: int) -> int:
@@ -204,7 +208,7 @@ def depthwise_conv_gelu_backward(
     batch, _, channels = x.shape
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_c = blocks(channels, x.is_cuda)[1]
-    rows, columns = strips(x.is_cuda)
+    rows, columns = strips(height, width, x.is_cuda)
     row_groups, col_blocks = triton.cdiv(height, rows), triton.cdiv(width, columns)
     num_strips = batch * row_groups * col_blocks
     channel_blocks = triton.cdiv(channels, block_c)

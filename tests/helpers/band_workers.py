@@ -26,6 +26,7 @@ from warm_processes import forkserver
 
 from segattn.attention import check_band_variant
 from segattn.models import build_model
+from segattn.models.blocks import MixFFN
 from segattn.parallel import BandGroup, band_forward, drawing_from, image_seed
 from segattn.training.losses import SegLoss
 from segattn.training.spatial import band_loss
@@ -58,6 +59,10 @@ def build(case: dict[str, Any]) -> torch.nn.Module:
     if case["model"] == "unet":
         options.pop("drop_path_rate")
     model = build_model(num_classes=NUM_CLASSES, attention=case["attention"], **options)
+    if case.get("mix_ffn_backend"):  # e.g. "torch": attention on the kernels, Mix-FFN on PyTorch's ops
+        for module in model.modules():
+            if isinstance(module, MixFFN):
+                module.kernel_backend = case["mix_ffn_backend"]
     model.set_grad_checkpointing(case.get("checkpointing", False))
     return model.to(getattr(torch, case.get("dtype", "float64"))).train()
 
