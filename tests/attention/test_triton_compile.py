@@ -167,7 +167,7 @@ def mix_ffn_spills() -> list[str]:
     from segattn.layers import depthwise_triton as D
 
     block_p, block_c = D.blocks(256, compiled=True)
-    rows, columns = D.strips(compiled=True)
+    rows, columns = D.strips(1024, 1024, compiled=True)
     cases = {
         D.conv_gelu_kernel: {"BLOCK_P": block_p, "BLOCK_C": block_c},
         D.conv_gelu_backward_kernel: {"ROWS": rows, "BLOCK_W": columns, "BLOCK_C": block_c},
