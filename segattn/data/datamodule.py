@@ -106,7 +106,7 @@ class SegDataModule(pl.LightningDataModule):
         vflip: float = 0.0,
         rotate: float = 0.0,
         photometric: bool = True,
-        augment: Sequence[Mapping[str, Any]] | None = None,
+        augment: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
         eval_short_side: int | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
