@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import FUNCTION, HW, PLAIN, choose_path, depthwise_conv, resample_grid_embedding
+from .autograd.focus import focused_attention_function
 from .functional import focused_feature_map, focused_linear_attention
-from .fused.focus import focused_attention_fused
 from .reduction import ReducedKeysAttention
 from .triton.functions import focused_attention_triton
 
@@ -90,7 +90,7 @@ class FocusedLinearAttention(ReducedKeysAttention):
             self.kernel_backend, q, triton_head_dim=self.head_dim if whole else None, function=whole
         )
         if path != PLAIN:
-            return (focused_attention_fused if path == FUNCTION else focused_attention_triton)(
+            return (focused_attention_function if path == FUNCTION else focused_attention_triton)(
                 q,
                 k,
                 v,

@@ -10,7 +10,7 @@ and Taylor terms) and its plain formula; ``run_kernel_core`` runs the core on th
 ``layers.choose_path`` picks for the call under ``backend`` (an attention module passes the
 ``kernel_backend`` it read when built; None reads the environment now): the Triton kernels (``triton/``:
 CUDA tensors by default; torch operators, so ``torch.compile`` keeps them), the PyTorch Function
-(``fused/kernel.py``: an autograd Function that writes fewer intermediates and recomputes feature maps in
+(``autograd/kernel.py``: an autograd Function that writes fewer intermediates and recomputes feature maps in
 backward) or the plain formula below, which is what exporters and compilers see.
 """
 
@@ -26,8 +26,8 @@ from torch import Tensor
 
 from ..layers import PLAIN, TRITON, choose_path
 from ..parallel import token_count, token_softmax, token_sum
-from .fused.feature_maps import EluPlusOne, FusedMap, L2Normalize, Relu, Scale, Softmax
-from .fused.kernel import kernel_attention_fused
+from .autograd.feature_maps import EluPlusOne, L2Normalize, MapFunction, Relu, Scale, Softmax
+from .autograd.kernel import kernel_attention_function
 from .triton.functions import kernel_attention_triton
 
 __all__ = [
@@ -60,8 +60,8 @@ class FeatureMap:
     scale: float = 1.0
     eps: float = 0.0
 
-    def function_map(self) -> FusedMap:
-        """This map with its hand-written backward, for the PyTorch Function (``fused.feature_maps``)."""
+    def function_map(self) -> MapFunction:
+        """This map with its hand-written backward, for the PyTorch Function (``autograd.feature_maps``)."""
         if self.name in ("identity", "l2"):
             return Scale(self.scale) if self.name == "identity" else L2Normalize(self.eps)
         if self.name.startswith("softmax"):
@@ -95,7 +95,7 @@ def run_kernel_core(
     heads: int = 0,
 ) -> Tensor:
     """``core`` on q, k, v ([B, h, N, d]) on the path ``layers.choose_path`` picks under ``backend``: the
-    Triton kernels, the PyTorch Function (``fused.kernel``) or ``plain(q, k, v)``, the variant's plain
+    Triton kernels, the PyTorch Function (``autograd.kernel``) or ``plain(q, k, v)``, the variant's plain
     formula. ``heads`` > 0: q, k, v and the result are [B, N, C] tensors of that many heads, which the
     Triton kernels read through strides and the other paths split and merge. A key softmax runs over all
     tokens: on a band of a split image only the plain formula takes it."""
@@ -127,7 +127,7 @@ def torch_core(
         factor = 1.0 / token_count(k.shape[-2])
     elif core.mean:  # identity maps: (q/√N)(k/√N)ᵀv, as Efficient Attention's plain formula computes it
         phi_q = phi_k = Scale(token_count(k.shape[-2]) ** -0.5)
-    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, context_scale=factor, **options)
+    return kernel_attention_function(q, k, v, phi_q=phi_q, phi_k=phi_k, context_scale=factor, **options)
 
 
 def full_precision(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from ..layers import FUNCTION, HW, choose_path
+from .autograd.polarity import polarity_features_function
 from .functional import _upcast, full_precision
 from .functional_approx import segment_averaging
-from .fused.polarity import polarity_features_fused
 
 __all__ = [
     "adaptive_pooling_matrix",
@@ -85,10 +85,10 @@ def agent_attention(
 
 def polarity_features(x: Tensor, power: Tensor, backend: str | None = None) -> Tensor:
     """[φ(x), φ(−x)] with φ(x) = relu(x)^p: |x|^p split by the sign of x (one power, not two); [..., 2d].
-    One autograd node with a hand-written backward (``fused.polarity``) where ``layers.choose_path`` says so
-    under ``backend`` (the module's ``kernel_backend``)."""
+    One autograd node with a hand-written backward (``autograd.polarity``) where ``layers.choose_path`` says
+    so under ``backend`` (the module's ``kernel_backend``)."""
     if choose_path(backend, x) == FUNCTION:
-        return polarity_features_fused(x, power)
+        return polarity_features_function(x, power)
     magnitude = x.abs() ** power
     positive = torch.where(x > 0, magnitude, 0.0)
     return torch.cat([positive, magnitude - positive], dim=-1)

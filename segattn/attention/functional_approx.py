@@ -13,9 +13,9 @@ from torch import Tensor
 
 from ..layers import PLAIN, choose_path
 from ..parallel import token_max
+from .autograd.kernel import kernel_attention_function
+from .autograd.random_features import PositiveRandomFeatures
 from .functional import full_precision, kernel_attention, softmax_attention
-from .fused.kernel import kernel_attention_fused
-from .fused.random_features import PositiveRandomFeatures
 
 __all__ = [
     "iterative_pinv",
@@ -70,7 +70,7 @@ def performer_attention(
     scale = q.shape[-1] ** -0.25
     phi_q = PositiveRandomFeatures(projection, scale, per_row=True)
     phi_k = PositiveRandomFeatures(projection, scale, per_row=False)
-    return kernel_attention_fused(q, k, v, phi_q=phi_q, phi_k=phi_k, eps=eps)
+    return kernel_attention_function(q, k, v, phi_q=phi_q, phi_k=phi_k, eps=eps)
 
 
 @full_precision

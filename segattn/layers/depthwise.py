@@ -35,7 +35,7 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = 
     weight = conv.weight.contiguous(memory_format=torch.channels_last)
     cpu_large = kernel > 3 and images.device.type == "cpu"
     if choose_path(backend, images, function=cpu_large, whole_image=True) == FUNCTION:  # whole: the halos
-        return depthwise_conv_fused(images, weight=weight, bias=conv.bias)
+        return depthwise_conv_function(images, weight=weight, bias=conv.bias)
     return torch.nn.functional.conv2d(
         dense_channels_last(images), weight, conv.bias, padding=conv.padding, groups=conv.groups
     )
@@ -105,7 +105,7 @@ class DepthwiseConv(torch.autograd.Function):
         return grad_images, grad_weight, grad_bias
 
 
-def depthwise_conv_fused(images: Tensor, *, weight: Tensor, bias: Tensor | None) -> Tensor:
+def depthwise_conv_function(images: Tensor, *, weight: Tensor, bias: Tensor | None) -> Tensor:
     """conv2d(images, weight, bias, padding=k // 2, groups=C) for [B, C, H, W] ``images`` and a depthwise
     [C, 1, k, k] ``weight`` (odd k), as one autograd node whose backward is made of forward convolutions
     (``DepthwiseConv``); channels-last result, in the autocast dtype under autocast."""

@@ -1,6 +1,6 @@
 """The one choice of path, per call, for every core with a fast path (``choose_path``): its plain autograd
 formula (PLAIN, the reference), a PyTorch autograd Function with a hand-written backward (FUNCTION:
-``attention.fused``, ``layers.depthwise``) or the Triton kernels (TRITON: ``attention.triton``,
+``attention.autograd``, ``layers.depthwise``) or the Triton kernels (TRITON: ``attention.triton``,
 ``layers.depthwise_triton``), with the settings, tracing, export, device and dtype rules in this module
 alone. Same values within float rounding.
 
@@ -45,13 +45,13 @@ def paths_of_a_gpu() -> Iterator[None]:
         GPU_PATHS.reset(token)
 
 
-def fused_enabled() -> bool:
+def functions_enabled() -> bool:
     """SEGATTN_FUSED as a bool: False for "0", True unset, empty or "1". Other values are a ValueError, so a
     misspelt "false" does not silently leave the Functions on."""
     value = os.environ.get(FUSED_ENV, "")
     if value not in ("", "0", "1"):
         raise ValueError(
-            f"{FUSED_ENV}={value!r}; expected 0 (plain autograd formulas) or 1 (fused Functions, the default)"
+            f"{FUSED_ENV}={value!r}; expected 0 (plain autograd formulas) or 1 (the Functions, the default)"
         )
     return value != "0"
 
@@ -64,7 +64,7 @@ def kernel_backend() -> str:
     value = os.environ.get(KERNEL_ENV, "") or "auto"
     if value not in KERNEL_BACKENDS:
         raise ValueError(f"{KERNEL_ENV}={value!r}; expected auto (the default), torch or triton")
-    if not fused_enabled():
+    if not functions_enabled():
         return PLAIN
     if value == "triton" and not triton_installed():
         raise RuntimeError(f"{KERNEL_ENV}=triton but triton is not installed; unset it for the PyTorch path")
@@ -134,7 +134,7 @@ def choose_path(
         return TRITON
     if not function or exporting() or torch.compiler.is_compiling():  # compiled code never reads the env
         return PLAIN
-    return FUNCTION if (fused_enabled() if backend is None else backend != PLAIN) else PLAIN
+    return FUNCTION if (functions_enabled() if backend is None else backend != PLAIN) else PLAIN
 
 
 def loss_path(x: Tensor, classes: int) -> str:

@@ -85,8 +85,8 @@ def active_split() -> Split | None:
 
 
 def tokens_split() -> bool:
-    """Whether the image's tokens are split across processes; fused kernels, which sum over all tokens inside
-    one autograd node, then give way to the plain formulas."""
+    """Whether the image's tokens are split across processes; autograd Functions, which sum over all tokens
+    inside one autograd node, then give way to the plain formulas."""
     return bool(_ACTIVE)
 
 

@@ -47,7 +47,7 @@ def group_sum(x: Tensor, group: BandGroup) -> Tensor:
 
 
 def group_sum_(x: Tensor, group: BandGroup) -> Tensor:
-    """``x`` summed over the band group in place, outside autograd (for fused Functions' own passes)."""
+    """``x`` summed over the band group in place, outside autograd (for autograd Functions' own passes)."""
     _count("all_reduce", x)
     dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group.group)
     return x

@@ -17,7 +17,7 @@ from .collectives import group_max, group_sum, group_sum_
 
 def token_reducer() -> Callable[[Tensor], Tensor]:
     """A function that sums a tensor of sums over this band's tokens over the whole image, in place and
-    outside autograd (identity outside a split). Fused autograd Functions capture it in forward, so their
+    outside autograd (identity outside a split). The autograd Functions capture it in forward, so their
     backward, which runs after the split has ended, can sum the summaries' gradients with it."""
     split = active_split()
     if split is None:

@@ -225,7 +225,7 @@ def test_functions_gradcheck() -> None:
     power = (2 + torch.rand(2, 1, 4, dtype=torch.float64)).requires_grad_()  # p ≥ 2: smooth at 0
     with torch.no_grad():
         q[..., 0] = 0.0  # a zero channel: |x|^p and both its derivatives vanish there
-    assert torch.autograd.gradcheck(pola_attention, (q, k, v, power))  # eager: the fused feature map
+    assert torch.autograd.gradcheck(pola_attention, (q, k, v, power))  # eager: the feature map's Function
 
 
 def test_pooling_matrix_equals_adaptive_avg_pool() -> None:

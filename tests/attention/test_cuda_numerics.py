@@ -1,5 +1,5 @@
 """The CUDA paths compute what the CPU paths compute: every variant on the GPU in fp32 (TF32 off) equals its
-float64 CPU result (itself checked against the quadratic formula), and the fused and plain paths agree on
+float64 CPU result (itself checked against the quadratic formula), and the Function and plain paths agree on
 the GPU. bf16 autocast at 16k tokens on the GPU is a case of test_zoo_numerics.py.
 
 Skipped without a CUDA device: CI has none, so these run where a GPU is lent (`make device-check`;
@@ -56,12 +56,12 @@ def test_cuda_fp32_equals_cpu_float64(name: str, options: dict[str, Any]) -> Non
 
 
 @parametrize_variants(all_variants())
-def test_cuda_fused_and_plain_paths_agree(
+def test_cuda_function_and_plain_paths_agree(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any]
 ) -> None:
     monkeypatch.delenv(FUSED_ENV, raising=False)
     module = build_perturbed(name, options, DIM, HEADS, TOKENS)
-    fused = output_and_gradients(module, CUDA, torch.float32)
+    functions = output_and_gradients(module, CUDA, torch.float32)
     monkeypatch.setenv(FUSED_ENV, "0")
     plain = build_perturbed(name, options, DIM, HEADS, TOKENS)  # the same seeded weights, built plain
-    assert_all_close(fused, output_and_gradients(plain, CUDA, torch.float32), module)
+    assert_all_close(functions, output_and_gradients(plain, CUDA, torch.float32), module)

@@ -1,7 +1,7 @@
 """FLatten-PVT's additions to ``flatten``: keys/values from the spatially reduced grid (``sr_ratio``) with the
 DWC branch on V upsampled back, and a learned key position encoding stored on one grid
 (``position_encoding='learned'``, ``position_size``) and resampled to the key grid; against the formula in
-float64, fused and plain paths alike."""
+float64, Function and plain paths alike."""
 
 from __future__ import annotations
 
@@ -54,14 +54,14 @@ def reduced_flatten_reference(
     return torch.cat(out, dim=-1) @ module.proj.weight.T + module.proj.bias
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("functions", ["1", "0"])
 @pytest.mark.parametrize(("sr_ratio", "hw"), [(2, (8, 12)), (3, (7, 10)), (2, (8, 8)), (1, (6, 9))])
 def test_reduced_flatten_with_key_encoding_equals_formula(
-    monkeypatch: pytest.MonkeyPatch, fused: str, sr_ratio: int, hw: tuple[int, int]
+    monkeypatch: pytest.MonkeyPatch, functions: str, sr_ratio: int, hw: tuple[int, int]
 ) -> None:
     """Non-square grids, one not a multiple of R (the conv drops the remainder), key grids other than the
     stored 4×4 one and that one (8×8 at R = 2); outputs and input gradients."""
-    monkeypatch.setenv(FUSED_ENV, fused)
+    monkeypatch.setenv(FUSED_ENV, functions)
     torch.manual_seed(0)
     module = build_attention(
         "flatten", 16, 2, sr_ratio=sr_ratio, position_encoding="learned", position_size=4 * sr_ratio

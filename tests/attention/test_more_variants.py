@@ -294,7 +294,7 @@ def test_performer_converges_to_softmax_as_features_grow() -> None:
 
 
 def test_performer_fast_path_gradients_equal_autograd_through_the_formula() -> None:
-    """The fused FAVOR+ path (hand-written backward) against autograd of the plain formula, float64, on
+    """The FAVOR+ autograd Function (hand-written backward) against autograd of the plain formula, float64, on
     strided head views like the module's, plus gradcheck."""
     torch.manual_seed(0)
     projection = orthogonal_random_features(20, 8, dtype=torch.float64)

@@ -29,8 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
+from segattn.attention.autograd.kernel import KernelAttention
 from segattn.attention.functional import FeatureMap, KernelCore
-from segattn.attention.fused.kernel import KernelAttention
 from segattn.attention.triton import functions, load_kernels
 from segattn.attention.triton.functions import kernel_attention_triton, polarity_attention_triton
 from segattn.attention.triton.launch import Blocks, Tuning, tuned

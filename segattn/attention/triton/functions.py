@@ -1,6 +1,6 @@
 """The Triton path's attention functions and their autograd: the generic kernel attention (linear, efficient,
 taylor, litemla), FLatten's focused attention and PolaFormer's polarity attention. Same math, arguments and
-results as ``fused.kernel.KernelAttention``, ``fused.focus.FocusedAttention`` and
+results as ``autograd.kernel.KernelAttention``, ``autograd.focus.FocusedAttention`` and
 ``functional_agent.pola_attention``. What is kept for backward: q, k, v, the extended context
 ([d + 1, dv + 1] per head), one fp32 per token (1/den), and the small per-channel statistics of the key
 softmax. Feature maps, FLatten's focusing statistics and the output are recomputed, never saved.
@@ -114,8 +114,8 @@ def kernel_backward(ctx, grad: Tensor, *_) -> tuple:
 def focused_attention_triton(
     q: Tensor, k: Tensor, v: Tensor, *, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
 ) -> Tensor:
-    """``fused.focus.focused_attention_fused`` on the Triton kernels: focusing statistics per token over all
-    C channels (one small pass each for q and k), f_p and the kernel product per head in registers, the
+    """``autograd.focus.focused_attention_function`` on the Triton kernels: focusing statistics per token over
+    all C channels (one small pass each for q and k), f_p and the kernel product per head in registers, the
     ``local`` (DWC) branch added in the same pass. q, k, v: [B, N, C] of any strides."""
     return run("focused_attention", q, k, v, local, scale, power, eps, heads)[0]
 

@@ -31,8 +31,8 @@ from torch import Tensor
 from torch.library import custom_op, register_fake
 
 from ...parallel import token_count, token_reducer, tokens_split
-from ..fused.buffers import empty_in_order
-from ..fused.polarity import polarity_backward
+from ..autograd.buffers import empty_in_order
+from ..autograd.polarity import polarity_backward
 from .launch import MapSpec, as_heads, backward, focus_backward, focus_stats, forward, key_softmax_columns
 
 # The feature maps by name, in the order of their numbers in the kernels (kernels.IDENTITY ... SOFTMAX_N)

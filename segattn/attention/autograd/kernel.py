@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from ...parallel import token_count, token_reducer
 from .buffers import compute_dtype, empty_in_order, heads_batch, zero_scalar
-from .feature_maps import FusedMap
+from .feature_maps import MapFunction
 
 
 def context(keys: Tensor, v: Tensor, factor: float, normalized: bool) -> Tensor:
@@ -134,7 +134,7 @@ class KernelAttention(torch.autograd.Function):
     """O = (φq(q) S + β) / (φq(q) z + β₀ + eps) with [S | z] = c·φk(k)ᵀ[v | 1]; β = (Σv, N) for Taylor.
     On a band of a split image the sums over tokens ([S | z], Σv) and their gradients are summed over the
     bands (``parallel.token_reducer``); φk must then be per token.
-    Called through ``kernel_attention_fused``."""
+    Called through ``kernel_attention_function``."""
 
     @staticmethod
     def forward(ctx, q, k, v, phi_q, phi_k, factor, eps, normalized, taylor):
@@ -175,13 +175,13 @@ class KernelAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v.to(v.dtype), None, None, None, None, None, None
 
 
-def kernel_attention_fused(
+def kernel_attention_function(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
-    phi_q: FusedMap,
-    phi_k: FusedMap,
+    phi_q: MapFunction,
+    phi_k: MapFunction,
     context_scale: float = 1.0,
     eps: float = 0.0,
     normalize: bool = True,

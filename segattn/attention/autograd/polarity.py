@@ -47,6 +47,6 @@ def polarity_backward(
     return grad_x, grad_power
 
 
-def polarity_features_fused(x: Tensor, power: Tensor) -> Tensor:
+def polarity_features_function(x: Tensor, power: Tensor) -> Tensor:
     """``PolarityFeatures`` on x [..., d]: [..., 2d]."""
     return PolarityFeatures.apply(x, power)

@@ -1,15 +1,15 @@
-"""Performer's FAVOR+ positive random features as a fused feature map (``feature_maps.FusedMap``)
-with its own backward, for ``kernel.KernelAttention``."""
+"""Performer's FAVOR+ positive random features as a feature map (``feature_maps.MapFunction``) with its
+own backward, for ``kernel.KernelAttention``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .feature_maps import FusedMap
+from .feature_maps import MapFunction
 
 
-class PositiveRandomFeatures(FusedMap):
+class PositiveRandomFeatures(MapFunction):
     """FAVOR+: φ(x) = m^-½ exp(s·ωᵀx − s²‖x‖²/2 − c) with s = d^-¼ and ω [m, d] a constant buffer; the
     stabiliser c (per query row, or over all keys of a head) is a constant for the gradient, since it
     cancels in the attention ratio. Backward: ∂x = s·(g⊙φ)ω − s²·x·Σ_m(g⊙φ)."""

@@ -1,4 +1,4 @@
-"""Buffer helpers shared by the fused Functions (``fused_*.py``): the compute dtype, outputs allocated in
+"""Buffer helpers shared by the autograd Functions of this package: the compute dtype, outputs allocated in
 the caller's memory order, and the [B, h, N, d] ↔ [B·h, N, d] batching of the per-head matmuls."""
 
 from __future__ import annotations

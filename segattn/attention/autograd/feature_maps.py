@@ -1,4 +1,4 @@
-"""Feature maps φ of the fused kernel attention (``kernel.KernelAttention``): forward into a fresh
+"""Feature maps φ of the kernel attention Function (``kernel.KernelAttention``): forward into a fresh
 head-major buffer in the compute dtype, backward writes ∂L/∂x into the caller's buffer.
 
 Used by Efficient Attention (softmax, scaling), linear attention (elu + 1, relu), Taylor (L2 normalisation)
@@ -13,7 +13,7 @@ from torch import Tensor
 from .buffers import zero_scalar
 
 
-class FusedMap:
+class MapFunction:
     """A feature map φ of the PyTorch Function, applied per head on [B, h, N, d]; subclasses define the map
     and its vector-Jacobian product (``functional.FeatureMap.function_map`` builds them by name).
 
@@ -31,7 +31,7 @@ class FusedMap:
         raise NotImplementedError
 
 
-class EluPlusOne(FusedMap):
+class EluPlusOne(MapFunction):
     """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), in elementwise passes that write φ once in ``dtype``."""
 
     def forward(self, x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -43,7 +43,7 @@ class EluPlusOne(FusedMap):
         torch.mul(grad, phi.clamp(max=1), out=out)  # φ'(x) = exp(min(x, 0)) = min(φ(x), 1)
 
 
-class Relu(FusedMap):
+class Relu(MapFunction):
     """max(x, 0)."""
 
     saved = False
@@ -55,7 +55,7 @@ class Relu(FusedMap):
         torch.ops.aten.threshold_backward.grad_input(grad, phi, 0, grad_input=out)  # grad where φ > 0
 
 
-class Scale(FusedMap):
+class Scale(MapFunction):
     """φ(x) = c·x (c = 1: identity)."""
 
     saved = False
@@ -70,7 +70,7 @@ class Scale(FusedMap):
         torch.mul(grad, self.factor, out=out)
 
 
-class L2Normalize(FusedMap):
+class L2Normalize(MapFunction):
     """x / max(‖x‖, eps) over the head's channels (F.normalize)."""
 
     def __init__(self, eps: float) -> None:
@@ -90,7 +90,7 @@ class L2Normalize(FusedMap):
         torch.div(scratch, norm.clamp_min_(self.eps), out=out)
 
 
-class Softmax(FusedMap):
+class Softmax(MapFunction):
     """softmax over the head's channels (dim=-1) or over the tokens (dim=-2)."""
 
     def __init__(self, dim: int) -> None:

@@ -69,7 +69,7 @@ def focus_backward(
 class FocusedAttention(torch.autograd.Function):
     """FLatten's token mixing: f_p-focused q, k (all C channels), then per head
     O = A (KᵀV/N) / (A mean(K) + eps) + local, with ``local`` the DWC branch ([B, h, N, d]).
-    q, k, v: [B, N, C]; the output follows v's memory order. Called through ``focused_attention_fused``."""
+    q, k, v: [B, N, C]; the output follows v's memory order. Called through ``focused_attention_function``."""
 
     @staticmethod
     def forward(ctx, q, k, v, local, scale, power, eps, heads):
@@ -110,7 +110,7 @@ class FocusedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_heads, grad_scale.to(scale.dtype), None, None, None
 
 
-def focused_attention_fused(
+def focused_attention_function(
     q: Tensor, k: Tensor, v: Tensor, *, local: Tensor, scale: Tensor, power: float, eps: float, heads: int
 ) -> Tensor:
     """FLatten's token mixing in one autograd node: q, k ← f_p((relu(·) + 1e-6)/softplus(``scale``)) over

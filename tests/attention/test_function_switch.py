@@ -1,5 +1,5 @@
-"""SEGATTN_FUSED=0 takes every variant off its fused autograd Functions and onto the plain formulas, with the
-same outputs and gradients (fp32, float tolerance); by default the fused Functions run.
+"""SEGATTN_FUSED=0 takes every variant off its hand-written autograd Functions and onto the plain formulas,
+with the same outputs and gradients (fp32, float tolerance); by default the autograd Functions run.
 
 A module reads the variable once, when it is built (``kernel_backend``: "plain"), and keeps that path; a
 functional call outside a module (``choose_path`` without a backend) reads it at each call.
@@ -14,9 +14,9 @@ import torch
 from attention_reference import all_variants, build_perturbed, parametrize_variants
 from torch import Tensor
 
-from segattn.attention.fused.focus import FocusedAttention
-from segattn.attention.fused.kernel import KernelAttention
-from segattn.attention.fused.polarity import PolarityFeatures
+from segattn.attention.autograd.focus import FocusedAttention
+from segattn.attention.autograd.kernel import KernelAttention
+from segattn.attention.autograd.polarity import PolarityFeatures
 from segattn.layers import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, loss_path
 from segattn.layers.depthwise import DepthwiseConv
 
@@ -26,9 +26,9 @@ FUNCTIONS: list[type[torch.autograd.Function]] = [
     DepthwiseConv,
     PolarityFeatures,
 ]
-# Variants with a fused path and the Functions it runs on CPU in eager mode; every other registered variant
-# runs none (checked below, so a new fused path must be listed here).
-FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function]]]] = [
+# Variants with a Function path and the Functions it runs on CPU in eager mode; every other registered variant
+# runs none (checked below, so a new Function path must be listed here).
+FUNCTION_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function]]]] = [
     ("efficient", {"normalization": "softmax"}, {KernelAttention}),
     ("efficient", {"normalization": "scale"}, {KernelAttention}),
     ("linear", {"feature_map": "elu"}, {KernelAttention}),
@@ -40,14 +40,14 @@ FUSED_VARIANTS: list[tuple[str, dict[str, Any], set[type[torch.autograd.Function
     ("litemla", {}, {DepthwiseConv}),  # its 5×5 aggregation
     ("pola", {}, {PolarityFeatures, DepthwiseConv}),  # its DWC is 5×5
 ]
-FUSED = parametrize_variants([(name, options) for name, options, _ in FUSED_VARIANTS])
+WITH_FUNCTIONS = parametrize_variants([(name, options) for name, options, _ in FUNCTION_VARIANTS])
 BATCH, HW, DIM, HEADS = 2, (8, 8), 32, 2
 TOKENS = HW[0] * HW[1]
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # fp32: the fused and plain paths sum in different orders
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # fp32: the Function and plain paths sum in different orders
 
 
 def expected_functions(name: str, options: dict[str, Any]) -> set[type[torch.autograd.Function]]:
-    return next((functions for n, o, functions in FUSED_VARIANTS if (n, o) == (name, options)), set())
+    return next((functions for n, o, functions in FUNCTION_VARIANTS if (n, o) == (name, options)), set())
 
 
 def build(name: str, options: dict[str, Any]) -> torch.nn.Module:
@@ -69,7 +69,7 @@ def forward_and_gradients(module: torch.nn.Module) -> tuple[Tensor, list[Tensor]
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[type[torch.autograd.Function]]:
-    """Every fused Function's ``apply``, recorded; the original still runs."""
+    """Every autograd Function's ``apply``, recorded; the original still runs."""
     recorded: list[type[torch.autograd.Function]] = []
     for function in FUNCTIONS:
 
@@ -99,7 +99,7 @@ def test_choose_path_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
-def test_tracing_takes_the_plain_path_even_when_fused_is_requested(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tracing_takes_the_plain_path_even_with_functions_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_ENV, "1")
     seen: list[bool] = []
 
@@ -111,8 +111,8 @@ def test_tracing_takes_the_plain_path_even_when_fused_is_requested(monkeypatch: 
     assert seen == [False]
 
 
-@FUSED
-def test_fused_off_gives_the_default_outputs_and_gradients(
+@WITH_FUNCTIONS
+def test_functions_off_gives_the_default_outputs_and_gradients(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any], calls: list[type]
 ) -> None:
     monkeypatch.delenv(FUSED_ENV, raising=False)
@@ -120,27 +120,27 @@ def test_fused_off_gives_the_default_outputs_and_gradients(
     monkeypatch.setenv(FUSED_ENV, "0")
     plain_module = build(name, options)  # the same weights (build_perturbed is seeded), built plain
     assert (module.kernel_backend, plain_module.kernel_backend) == ("auto", PLAIN)
-    fused_out, fused_grads = forward_and_gradients(
+    function_out, function_grads = forward_and_gradients(
         module
     )  # the variable now says 0: the module keeps its path
-    assert set(calls) == expected_functions(name, options)  # the default really ran the fused path
+    assert set(calls) == expected_functions(name, options)  # the default really ran the Function path
     plain_out, plain_grads = forward_and_gradients(plain_module)
     assert set(calls) == expected_functions(name, options)  # and the plain run added none
 
-    torch.testing.assert_close(plain_out, fused_out, **TOLERANCE)
+    torch.testing.assert_close(plain_out, function_out, **TOLERANCE)
     labels = ["x", "q", "k", "v", *(label for label, _ in module.named_parameters())]
-    for label, plain, fused in zip(labels, plain_grads, fused_grads, strict=True):
+    for label, plain, function in zip(labels, plain_grads, function_grads, strict=True):
         torch.testing.assert_close(
-            plain, fused, **TOLERANCE, msg=lambda text, label=label: f"∂{label}: {text}"
+            plain, function, **TOLERANCE, msg=lambda text, label=label: f"∂{label}: {text}"
         )
 
 
-@FUSED
-def test_fused_off_never_calls_a_fused_function(
+@WITH_FUNCTIONS
+def test_functions_off_never_calls_an_autograd_function(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any]
 ) -> None:
     def refuse(*args: Any) -> Any:
-        raise AssertionError("a fused Function ran with SEGATTN_FUSED=0")
+        raise AssertionError("an autograd Function ran with SEGATTN_FUSED=0")
 
     for function in FUNCTIONS:
         monkeypatch.setattr(function, "apply", refuse)
@@ -153,10 +153,10 @@ def test_fused_off_never_calls_a_fused_function(
     [
         (name, options)
         for name, options in all_variants()
-        if not any((name, options) == (n, o) for n, o, _ in FUSED_VARIANTS)
+        if not any((name, options) == (n, o) for n, o, _ in FUNCTION_VARIANTS)
     ]
 )
-def test_variants_not_listed_run_no_fused_function(
+def test_variants_not_listed_run_no_autograd_function(
     monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, Any], calls: list[type]
 ) -> None:
     monkeypatch.delenv(FUSED_ENV, raising=False)
