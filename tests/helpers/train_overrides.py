@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from segattn.config import register_resolvers
+from segattn.models import build_model
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -57,6 +59,26 @@ TINY_MODEL = {
         "model.head_channels=8",
     ],
 }
+
+
+def tiny_pvt(aux_head: bool = False) -> torch.nn.Module:
+    """A seeded 3-class pvt with ``linear`` attention, one block of width 8-16 a stage, no dropout or drop
+    path: the loss tests' model, built directly (``TINY_MODEL`` is the same idea as train.py overrides)."""
+    torch.manual_seed(0)
+    return build_model(
+        "pvt",
+        num_classes=3,
+        attention="linear",
+        embed_dims=[8, 8, 16, 16],
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 1, 1],
+        head_channels=8,
+        dropout=0.0,
+        drop_path_rate=0.0,
+        aux_head=aux_head,
+    )
+
+
 # CPU, no progress bar or model table: quiet, quick runs.
 QUIET = [
     "trainer=cpu",

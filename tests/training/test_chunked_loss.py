@@ -10,9 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from reliability_fixtures import BASE, compose_run
-from train_overrides import TINY_MODEL
+from train_overrides import TINY_MODEL, tiny_pvt
 
-from segattn.models import build_model
 from segattn.training import run as train
 from segattn.training.chunked_loss import bilinear_rows, chunked_seg_loss
 from segattn.training.losses import SegLoss
@@ -136,19 +135,7 @@ def test_unsupported_combinations_are_refused_when_the_loss_is_built(options) ->
 def test_training_losses_match_with_and_without_chunks(aux) -> None:
     """``SegmentationModule.head_losses`` on a tiny PVT (odd image size: padded, then cropped), main and
     auxiliary head, both paths with the same weights and inputs."""
-    torch.manual_seed(0)
-    model = build_model(
-        "pvt",
-        num_classes=3,
-        attention="linear",
-        embed_dims=[8, 8, 16, 16],
-        depths=[1, 1, 1, 1],
-        num_heads=[1, 1, 1, 1],
-        head_channels=8,
-        dropout=0.0,
-        drop_path_rate=0.0,
-        aux_head=aux,
-    ).double()
+    model = tiny_pvt(aux).double()
     images = torch.randn(2, 3, 45, 70, dtype=torch.float64)
     masks = torch.randint(0, 3, (2, 45, 70))
     results = []

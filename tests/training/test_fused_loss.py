@@ -14,12 +14,12 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
+from train_overrides import tiny_pvt
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from segattn.layers import KERNEL_ENV
-from segattn.models import build_model
 from segattn.training import fused_loss
 from segattn.training.fused_loss import axis_table, fused_seg_loss
 from segattn.training.losses import SegLoss
@@ -156,22 +156,6 @@ def test_loss_operators_pass_opcheck() -> None:
     opcheck("seg_loss_sums_backward", (grad, logits.detach(), target, weights, *settings))
 
 
-def tiny_model(aux: bool) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model(
-        "pvt",
-        num_classes=3,
-        attention="linear",
-        embed_dims=[8, 8, 16, 16],
-        depths=[1, 1, 1, 1],
-        num_heads=[1, 1, 1, 1],
-        head_channels=8,
-        dropout=0.0,
-        drop_path_rate=0.0,
-        aux_head=aux,
-    )
-
-
 def head_losses(model, criterion: SegLoss, images, masks, monkeypatch) -> tuple[list, list[str]]:
     """``SegmentationModule.head_losses`` (main + aux loss), the parameters' gradients, and the losses the
     fused path ran (by name)."""
@@ -193,7 +177,7 @@ def test_head_losses_take_the_fused_loss_on_the_triton_path_only(monkeypatch) ->
     entropy + Dice loss of both heads runs fused, equal to the upsampled path within fp32 rounding (odd
     image: padded, then cropped); Lovász keeps the upsampled path; without the setting on the CPU, nothing
     changes."""
-    model = tiny_model(aux=True).to(DEVICE)
+    model = tiny_pvt(aux_head=True).to(DEVICE)
     images = torch.randn(1, 3, 30, 20, device=DEVICE)
     masks = torch.randint(0, 3, (1, 30, 20), device=DEVICE)
     criterion = SegLoss(3, dice=1.0).to(DEVICE)
