@@ -23,6 +23,7 @@ import datetime
 import os
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -280,13 +281,16 @@ def predict_settings(values: dict[str, Any], cfg: DictConfig, device: torch.devi
 def traffic_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
     """train.py's module for the model, attention and loss groups, built before the output folder exists
     (options it refuses are a ConfigError)."""
+    from ..layers.fast_path import paths_of_a_gpu
     from .model import training_module
+    from .specs import kernel_path
     from .traffic import run
 
     kwargs = {**values["model"], "num_classes": values["num_classes"]}
     kwargs |= {"attention": values["attention"]["name"], "attention_options": values["attention"]["options"]}
     try:
-        module = training_module(kwargs, values["loss"])
+        with kernel_path(values["kernel"]), paths_of_a_gpu() if values["paths"] == "gpu" else nullcontext():
+            module = training_module(kwargs, values["loss"])
     except (ValueError, TypeError) as error:
         raise ConfigError(
             f"model={values['model']['name']} attention={kwargs['attention']}: {error}"

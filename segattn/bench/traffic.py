@@ -238,7 +238,7 @@ def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[s
     size, batch, precision = values["size"], values["batch"], values["precision"]
     traffic = step_traffic(module, batch, size, size, precision, values["paths"])
     setting = {"model": values["model"]["name"], "attention": values["attention"]["name"], "size": size}
-    setting |= {"batch": batch, "precision": precision, "paths": values["paths"]}
+    setting |= {"batch": batch, "precision": precision, "paths": values["paths"], "kernel": values["kernel"]}
     setting |= {"grad_checkpointing": values["model"].get("grad_checkpointing", False)}
     setting |= {"chunk_rows": values["loss"].get("chunk_rows")}
     rows = [setting | row for row in traffic.rows(values["bandwidth"])]

@@ -7,7 +7,9 @@ alone. Same values within float rounding.
 The settings are read when a module is built (``kernel_backend``), so it keeps its path; a functional call
 outside a module reads them at each call. ``SEGATTN_FUSED=0``: the plain formulas everywhere (to rule the
 hand-written backward passes in or out, or time them). ``SEGATTN_KERNEL``: ``auto`` (default) gives CUDA
-tensors the Triton kernels when triton is installed, ``torch`` never, ``triton`` forces them.
+tensors the Triton kernels that a GPU run has measured faster than their PyTorch path (the attention cores)
+when triton is installed, ``torch`` never, ``triton`` every one (Mix-FFN's conv + GELU and the fused loss too:
+on an H200 their backward kernels were slower than the step they save bytes in; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def kernel_backend() -> str:
         return PLAIN
     if value == "triton" and not triton_installed():
         raise RuntimeError(f"{KERNEL_ENV}=triton but triton is not installed; unset it for the PyTorch path")
-    if value == "triton" and not torch.cuda.is_available() and not interpreted():
+    if value == "triton" and not (torch.cuda.is_available() or interpreted() or GPU_PATHS.get()):
         raise RuntimeError(
             f"{KERNEL_ENV}=triton without a CUDA device needs TRITON_INTERPRET=1 (Triton's CPU interpreter); "
             f"unset {KERNEL_ENV} for the PyTorch path"
@@ -109,6 +111,7 @@ def choose_path(
     widening: int = 1,
     function: bool = True,
     whole_image: bool = False,
+    triton_by_default: bool = True,
 ) -> str:
     """The path of one call on ``x`` (q, or any input: its device and dtype decide) under ``backend`` (the
     module's ``kernel_backend``; None: the environment now): TRITON, FUNCTION or PLAIN.
@@ -117,7 +120,8 @@ def choose_path(
     core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel,
     pola's 2), ``function`` (a PyTorch Function), ``whole_image`` (a sum or max over all tokens that the
     fast forms cannot split: PLAIN on a band of a split image, ``segattn.parallel``; the others sum their
-    token summaries over the bands).
+    token summaries over the bands), ``triton_by_default`` (False: a Triton form no GPU run has measured
+    faster than the PyTorch path, which only "triton" takes).
 
     TRITON: "auto" takes CUDA tensors of fp32/bf16/fp16 with head_dim·widening up to ``MAX_HEAD_DIM`` when
     triton is installed; "triton" every such tensor, on the CPU only under TRITON_INTERPRET=1, and wider
@@ -128,22 +132,25 @@ def choose_path(
     """
     if whole_image and tokens_split():
         return PLAIN
-    if triton_head_dim is not None and takes_triton(
-        kernel_backend() if backend is None else backend, x, triton_head_dim, widening
-    ):
+    backend = kernel_backend() if backend is None else backend
+    if backend == "auto" and not triton_by_default:
+        backend = "torch"
+    if triton_head_dim is not None and takes_triton(backend, x, triton_head_dim, widening):
         return TRITON
     if not function or exporting() or torch.compiler.is_compiling():  # compiled code never reads the env
         return PLAIN
-    return FUNCTION if (functions_enabled() if backend is None else backend != PLAIN) else PLAIN
+    return FUNCTION if backend != PLAIN else PLAIN
 
 
-def loss_path(x: Tensor, classes: int) -> str:
-    """The training loss's path for ``x`` (the images; their device and dtype decide): TRITON, the fused
-    upsampling and loss operator (``training.fused_loss``), where ``choose_path`` gives heads as wide as
-    ``classes`` the Triton kernels; else PLAIN. More classes than the kernels' widest heads: PLAIN."""
+def loss_path(backend: str, x: Tensor, classes: int) -> str:
+    """The training loss's path under ``backend`` (the module's ``kernel_backend``) for ``x`` (the images;
+    their device and dtype decide): TRITON, the fused upsampling and loss operator (``training.fused_loss``,
+    taken under SEGATTN_KERNEL=triton only), where ``choose_path`` gives heads as wide as ``classes`` the
+    Triton kernels; else PLAIN. More classes than the kernels' widest heads: PLAIN."""
     if classes > MAX_HEAD_DIM:
         return PLAIN
-    return TRITON if choose_path(None, x, triton_head_dim=classes, function=False) == TRITON else PLAIN
+    path = choose_path(backend, x, triton_head_dim=classes, function=False, triton_by_default=False)
+    return TRITON if path == TRITON else PLAIN
 
 
 def takes_triton(backend: str, x: Tensor, head_dim: int, widening: int) -> bool:

@@ -18,7 +18,7 @@ from ..checkpoints.resume import restore_rng_state, rng_state
 from ..evaluation.average_precision import AveragePrecisionMetric, score_logits
 from ..evaluation.metrics import PER_CLASS_KEYS, SUMMARY_KEYS, SegmentationMetric
 from ..inference.infer import infer
-from ..layers import TRITON, loss_path
+from ..layers import TRITON, kernel_backend, loss_path
 from ..parallel import band_forward
 from ..record import ModelRecord
 from ..tiling import image_settings
@@ -70,6 +70,7 @@ class SegmentationModule(pl.LightningModule):
         self.test_confusion = self.test_metric.confusion  # the latest test's confusion matrix (W&B logs it)
         self.compile_network = compile_network
         self.compiled = False
+        self.kernel_backend = kernel_backend()  # the loss's path, read once like the model's modules
 
     def configure_model(self) -> None:
         """Compile once (Lightning calls this hook at every fit/validate), before any strategy wraps the
@@ -100,14 +101,14 @@ class SegmentationModule(pl.LightningModule):
     def head_losses(self, images: Tensor, masks: Tensor) -> tuple[Tensor, Tensor | None]:
         """The criterion on the main and (None without one) auxiliary head's logits. With
         ``loss.chunk_rows`` the heads' logits stay at their own stride and the loss upsamples them row
-        chunk by row chunk (``chunked_seg_loss``); on the Triton path (``layers.loss_path``: CUDA) a
+        chunk by row chunk (``chunked_seg_loss``); on the Triton path (``layers.loss_path``) a
         cross-entropy and Dice loss upsamples and scores them in one fused operator (``fused_seg_loss``);
         otherwise on logits upsampled to the image."""
         chunked = getattr(self.criterion, "chunk_rows", None) is not None
         fused = (
             not chunked
             and getattr(self.criterion, "sums_over_pixels", False)
-            and loss_path(images, self.model.num_classes) == TRITON
+            and loss_path(self.kernel_backend, images, self.model.num_classes) == TRITON
         )
         if not (chunked or fused):
             logits, aux_logits = self.model.forward_with_aux(images)

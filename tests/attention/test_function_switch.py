@@ -17,8 +17,18 @@ from torch import Tensor
 from segattn.attention.autograd.focus import FocusedAttention
 from segattn.attention.autograd.kernel import KernelAttention
 from segattn.attention.autograd.polarity import PolarityFeatures
-from segattn.layers import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, loss_path
+from segattn.layers import (
+    FUNCTION,
+    FUSED_ENV,
+    KERNEL_ENV,
+    PLAIN,
+    TRITON,
+    choose_path,
+    kernel_backend,
+    loss_path,
+)
 from segattn.layers.depthwise import DepthwiseConv
+from segattn.layers.fast_path import paths_of_a_gpu
 
 FUNCTIONS: list[type[torch.autograd.Function]] = [
     KernelAttention,
@@ -167,7 +177,8 @@ def test_variants_not_listed_run_no_autograd_function(
 @pytest.mark.parametrize(
     ("kernel", "dtype", "classes", "expected"),
     [
-        (None, torch.float32, 19, PLAIN),  # the CPU by default: today's loss
+        (None, torch.float32, 19, PLAIN),  # unset: "auto", which leaves the fused loss out
+        ("auto", torch.bfloat16, 19, PLAIN),  # a GPU's default too: the fused loss is opt-in
         ("triton", torch.float32, 19, TRITON),
         ("triton", torch.bfloat16, 128, TRITON),
         ("triton", torch.float32, 129, PLAIN),  # wider than the kernels' classes
@@ -181,4 +192,5 @@ def test_the_fused_loss_takes_the_triton_path_by_its_rule(
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     if kernel is not None:
         monkeypatch.setenv(KERNEL_ENV, kernel)
-    assert loss_path(torch.zeros(1, dtype=dtype), classes) == expected
+    with paths_of_a_gpu():  # a CUDA device's choice, on this CPU
+        assert loss_path(kernel_backend(), torch.zeros(1, dtype=dtype), classes) == expected

@@ -105,6 +105,26 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
+def test_a_gpus_default_leaves_mix_ffn_and_the_loss_kernels_to_segattn_kernel_triton(monkeypatch):
+    """``auto`` gives a GPU the attention operators only; SEGATTN_KERNEL=triton adds Mix-FFN's conv + GELU
+    and the fused loss (no GPU run has timed them faster than the PyTorch paths)."""
+    from segattn.layers import KERNEL_ENV
+    from segattn.layers.fast_path import paths_of_a_gpu
+
+    cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
+    operators = {}
+    for kernel in ("auto", "triton"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        with paths_of_a_gpu():
+            module = build_module(cfg, SegDataModule(**plain(cfg.data)))
+        step = step_traffic(module, 1, 64, 64, device_paths="gpu")
+        operators[kernel] = {op for op, _ in step.by_op if op.startswith("segattn.")}
+    opt_in = {"segattn.depthwise_conv_gelu", "segattn.seg_loss_sums"}
+    assert "segattn.kernel_attention" in operators["auto"]
+    assert not opt_in & operators["auto"]
+    assert opt_in <= operators["triton"]
+
+
 class Doubled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
