@@ -5,13 +5,20 @@ Forward (``conv_gelu_kernel``): grid (blocks of pixels × B, blocks of channels)
 zero-padded taps of its tile in fp32, adds the bias and writes GELU of it: one read and one write of the
 hidden tensor; only the input is kept for backward, never the pre-activation.
 
-Backward (``conv_gelu_backward_kernel``): grid (splits, blocks of channels); each program walks its share of
-strips (rows × columns of one image) down their rows, keeping ĝ = ∂out·GELU'(pre) of three rows (above, at,
-below) at each column's left, own and right neighbour in registers: each step recomputes the row below
-(pre from the input's 3×3: reads that hit the cache) and gives ∂x(row) = Σ_taps w·ĝ without writing ĝ. One
-read of the input and of the output gradient, one write of ∂x; the pre-activation is computed three times
-per pixel (its column neighbours), plus two rows per strip. ∂w and ∂b are per-split fp32 partials of
-Σ ĝ(p)·x(p + tap) and Σ ĝ(p), summed over the splits by the caller in a fixed order (deterministic).
+Backward: two launches shaped like the forward (independent loads of one tile each), so that its time
+should follow from the forward's per pass; not yet timed on a GPU.
+
+- ``gelu_backward_kernel``: recomputes each tile's pre-activation as the forward does and writes
+  ĝ = ∂out·GELU'(pre) in x's dtype (rounded, as PyTorch's own GELU backward keeps it under autocast). A
+  fixed number of programs per block of channels (``backward_programs``) walk the pixel blocks with a
+  stride, adding ĝ(p)·x(p + tap) per tap and ĝ elementwise to ten fp32 register tiles, reduced over pixels
+  once at the end: ∂w and ∂b partials [programs, 10, C] (from the unrounded ĝ), summed by the caller in a
+  fixed order (deterministic, no atomics).
+- ∂x, the transposed conv of ĝ: ``conv_gelu_kernel`` with ``GELU=False`` and the weights flipped.
+
+5 passes over the hidden tensor (read x and ∂out, write ĝ; read ĝ, write ∂x): 2 more than the fused
+backward it replaces, which kept ĝ in registers while walking strips of rows and took 8.0 ms a call on an
+H200 (pvt-b0 at 4096², bf16) against the forward's 0.48 ms.
 
 TRITON_INTERPRET=1 (set before triton is first imported) runs the kernels on the CPU. This module imports
 triton, so ``depthwise`` loads it on first use.
@@ -27,10 +34,11 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import custom_op, register_autograd, register_fake
 
-INTERPRETER_SPLITS = 4  # the backward's programs per block of channels under the interpreter
-SPLITS_PER_SM = 4
+INTERPRETER_PROGRAMS = 2  # gelu_backward_kernel's programs per block of channels under the interpreter
+# gelu_backward_kernel's programs per multiprocessor: all resident at once on aligned contiguous tensors,
+# where ptxas gives it 80 registers a thread in bf16 and 102 in fp32 (6 and 4 programs of 4 warps fit)
+PROGRAMS_PER_SM = 4
 NUM_WARPS = 4
-TAPS, TAP_ROWS = 9, 16  # the backward's partials: rows 0-8 ∂w per tap, row 9 ∂b, padded to a power of two
 SQRT_HALF, INV_SQRT_2PI = tl.constexpr(0.7071067811865476), tl.constexpr(0.3989422804014327)
 
 
@@ -43,145 +51,95 @@ def load_tile(base, rows, cols, channels, channels_ok, stride_n, stride_c, H, W)
 
 
 @triton.jit
-def pre_activation(x_base, w_ptr, b_ptr, rows, cols, channels, channels_ok, sxn, sxc, H, W):
-    """conv(x)(rows, cols) + bias in fp32, [pixels, channels]; zero padding outside the H×W grid."""
+def conv_tile(x_base, w_ptr, rows, cols, channels, channels_ok, sxn, sxc, H, W):
+    """The depthwise 3×3 conv of x at (rows, cols) in fp32, [pixels, channels]; zero padding outside the
+    H×W grid."""
     acc = tl.zeros([rows.shape[0], channels.shape[0]], dtype=tl.float32)
     for row in range(3):  # a loop, not unrolled: nine tiles of addresses in flight spill registers
         for col in tl.static_range(3):
             w = tl.load(w_ptr + channels * 9 + row * 3 + col, mask=channels_ok, other=0.0).to(tl.float32)
             x = load_tile(x_base, rows + row - 1, cols + col - 1, channels, channels_ok, sxn, sxc, H, W)
             acc += x * w[None, :]
-    return acc + tl.load(b_ptr + channels, mask=channels_ok, other=0.0).to(tl.float32)[None, :]
-
-
-@triton.jit
-def gelu_input_grad(
-    x_base, g_base, w_ptr, b_ptr, rows, cols, channels, channels_ok, sxn, sxc, sgn, sgc, H, W
-):
-    """∂out·GELU'(pre) at (rows, cols), fp32 [pixels, channels]; zero outside the grid."""
-    pre = pre_activation(x_base, w_ptr, b_ptr, rows, cols, channels, channels_ok, sxn, sxc, H, W)
-    g = load_tile(g_base, rows, cols, channels, channels_ok, sgn, sgc, H, W)
-    cdf = 0.5 * (1.0 + tl.math.erf(pre * SQRT_HALF))
-    return g * (cdf + pre * tl.exp(-0.5 * pre * pre) * INV_SQRT_2PI)
-
-
-@triton.jit
-def gelu_grad_row(x_base, g_base, w_ptr, b_ptr, rows, cols, channels, ok, sxn, sxc, sgn, sgc, H, W):
-    """``gelu_input_grad`` at (rows, cols − 1), (rows, cols) and (rows, cols + 1)."""
-    left = gelu_input_grad(
-        x_base, g_base, w_ptr, b_ptr, rows, cols - 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-    )
-    centre = gelu_input_grad(x_base, g_base, w_ptr, b_ptr, rows, cols, channels, ok, sxn, sxc, sgn, sgc, H, W)
-    right = gelu_input_grad(
-        x_base, g_base, w_ptr, b_ptr, rows, cols + 1, channels, ok, sxn, sxc, sgn, sgc, H, W
-    )
-    return left, centre, right
+    return acc
 
 
 @triton.jit
 def conv_gelu_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, sxb, sxn, sxc, C, H, W, pixel_blocks,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    GELU: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
+    """GELU(conv(x) + b) per tile into contiguous [B, N, C]; without ``GELU``, conv(x) alone (b unread)."""
     block = tl.program_id(0)
     batch = (block // pixel_blocks).to(tl.int64)
     pixels = (block % pixel_blocks) * BLOCK_P + tl.arange(0, BLOCK_P)
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = channels < C
     rows, cols = pixels // W, pixels % W  # past the last pixel: rows ≥ H, masked as outside
-    pre = pre_activation(x_ptr + batch * sxb, w_ptr, b_ptr, rows, cols, channels, ok, sxn, sxc, H, W)
-    out = 0.5 * pre * (1.0 + tl.math.erf(pre * SQRT_HALF))
+    out = conv_tile(x_ptr + batch * sxb, w_ptr, rows, cols, channels, ok, sxn, sxc, H, W)
+    if GELU:
+        pre = out + tl.load(b_ptr + channels, mask=ok, other=0.0).to(tl.float32)[None, :]
+        out = 0.5 * pre * (1.0 + tl.math.erf(pre * SQRT_HALF))
     offsets = batch * H * W * C + pixels.to(tl.int64)[:, None] * C + channels[None, :]
     tl.store(out_ptr + offsets, out, mask=(rows < H)[:, None] & ok[None, :])
 
 
 @triton.jit
-def weighted_row(w_ptr, channels, ok, i, left, centre, right):
-    """Σ_j W[i, j]·ĝ(·, w + 1 − j) for one kernel row i, from ĝ at w − 1, w and w + 1."""
-    w_left = tl.load(w_ptr + channels * 9 + i * 3 + 2, mask=ok, other=0.0).to(tl.float32)
-    w_centre = tl.load(w_ptr + channels * 9 + i * 3 + 1, mask=ok, other=0.0).to(tl.float32)
-    w_right = tl.load(w_ptr + channels * 9 + i * 3, mask=ok, other=0.0).to(tl.float32)
-    return left * w_left[None, :] + centre * w_centre[None, :] + right * w_right[None, :]
-
-
-@triton.jit
-def conv_gelu_backward_kernel(
-    x_ptr, g_ptr, w_ptr, b_ptr, dx_ptr, part_ptr, sxb, sxn, sxc, sgb, sgn, sgc, C, H, W, row_groups,
-    col_blocks, num_strips, ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+def gelu_backward_kernel(
+    x_ptr, g_ptr, w_ptr, b_ptr, dpre_ptr, part_ptr, sxb, sxn, sxc, sgb, sgn, sgc, C, H, W, pixel_blocks,
+    num_blocks, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    split, splits = tl.program_id(0), tl.num_programs(0)
+    """ĝ = ∂out·GELU'(conv(x) + b) per tile into contiguous [B, N, C], and this program's partials of ∂w
+    (Σ ĝ(p)·x(p + tap), rows 0-8) and ∂b (Σ ĝ, row 9) over the pixel blocks it walks."""
+    program, programs = tl.program_id(0), tl.num_programs(0)
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = channels < C
-    taps = tl.arange(0, 16)
-    partials = tl.zeros([16, BLOCK_C], dtype=tl.float32)  # Σ ĝ·x per tap (rows 0-8), Σ ĝ (row 9)
-    for strip in range(split, num_strips, splits):  # ROWS rows × BLOCK_W columns of one image
-        batch = (strip // (row_groups * col_blocks)).to(tl.int64)
-        first = (strip // col_blocks % row_groups) * ROWS
-        cols = (strip % col_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)
-        x_base, g_base = x_ptr + batch * sxb, g_ptr + batch * sgb
-        row_of = tl.zeros([BLOCK_W], dtype=tl.int32)  # + a row: that row for every column
-        # ĝ of the row above the strip and of its first row, then rolled down a row per step
-        above = row_of + first - 1
-        up_l, up_c, up_r = gelu_grad_row(
-            x_base, g_base, w_ptr, b_ptr, above, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        at_l, at_c, at_r = gelu_grad_row(
-            x_base, g_base, w_ptr, b_ptr, above + 1, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
-        )
-        for row in range(first, tl.minimum(first + ROWS, H)):
-            below = row_of + row + 1
-            down_l, down_c, down_r = gelu_grad_row(
-                x_base, g_base, w_ptr, b_ptr, below, cols, channels, ok, sxn, sxc, sgn, sgc, H, W
-            )
-            # ∂x(row, w) = Σ_ij W[i, j]·ĝ(row + 1 − i, w + 1 − j)
-            grad = weighted_row(w_ptr, channels, ok, 0, down_l, down_c, down_r)
-            grad += weighted_row(w_ptr, channels, ok, 1, at_l, at_c, at_r)
-            grad += weighted_row(w_ptr, channels, ok, 2, up_l, up_c, up_r)
-            pixels = (row * W + cols).to(tl.int64)
-            offsets = batch * H * W * C + pixels[:, None] * C + channels[None, :]
-            tl.store(dx_ptr + offsets, grad, mask=(cols < W)[:, None] & ok[None, :])
-            # ∂w[i, j] += Σ_w ĝ(row, w)·x(row + i − 1, w + j − 1); ∂b += Σ_w ĝ(row, w)
-            partials += tl.where(taps[:, None] == 9, tl.sum(at_c, axis=0)[None, :], 0.0)
-            for tap in range(9):
-                r, c = row_of + row + (tap // 3 - 1), cols + (tap % 3 - 1)
-                x = load_tile(x_base, r, c, channels, ok, sxn, sxc, H, W)
-                partials += tl.where(taps[:, None] == tap, tl.sum(at_c * x, axis=0)[None, :], 0.0)
-            up_l, up_c, up_r = at_l, at_c, at_r
-            at_l, at_c, at_r = down_l, down_c, down_r
-    part_offsets = split * 16 * C + taps[:, None] * C + channels[None, :]
-    tl.store(part_ptr + part_offsets, partials, mask=(taps < 10)[:, None] & ok[None, :])
+    bias = tl.load(b_ptr + channels, mask=ok, other=0.0).to(tl.float32)[None, :]
+    zeros = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    taps, bias_grad = (zeros,) * 9, zeros  # per thread, each pixel's own: reduced once, at the end
+    for block in range(program, num_blocks, programs):
+        batch = (block // pixel_blocks).to(tl.int64)
+        pixels = (block % pixel_blocks) * BLOCK_P + tl.arange(0, BLOCK_P)
+        rows, cols = pixels // W, pixels % W
+        x_base = x_ptr + batch * sxb
+        pre = conv_tile(x_base, w_ptr, rows, cols, channels, ok, sxn, sxc, H, W) + bias
+        g = load_tile(g_ptr + batch * sgb, rows, cols, channels, ok, sgn, sgc, H, W)  # zero outside
+        cdf = 0.5 * (1.0 + tl.math.erf(pre * SQRT_HALF))
+        grad = g * (cdf + pre * tl.exp(-0.5 * pre * pre) * INV_SQRT_2PI)
+        offsets = batch * H * W * C + pixels.to(tl.int64)[:, None] * C + channels[None, :]
+        tl.store(dpre_ptr + offsets, grad, mask=(rows < H)[:, None] & ok[None, :])
+        bias_grad += grad
+        taps = [  # rebuilt whole: Triton compiles a comprehension over a literal tuple, not a static_range
+            taps[t]
+            + grad * load_tile(x_base, rows + t // 3 - 1, cols + t % 3 - 1, channels, ok, sxn, sxc, H, W)
+            for t in (0, 1, 2, 3, 4, 5, 6, 7, 8)
+        ]
+    part = part_ptr + program * 10 * C + channels
+    for t in tl.static_range(9):
+        tl.store(part + t * C, tl.sum(taps[t], axis=0), mask=ok)
+    tl.store(part + 9 * C, tl.sum(bias_grad, axis=0), mask=ok)
 
 
-def blocks(channels: int, compiled: bool) -> tuple[int, int]:
-    """(pixels, channels) per forward program: 16 × 64 (128 bytes of bf16 a row) where C allows; under the
+def blocks(channels: int, compiled: bool, accumulating: bool = False) -> tuple[int, int]:
+    """(pixels, channels) per program: 16 × 64 (128 bytes of bf16 a row) where C allows, 8 × 64 for
+    ``gelu_backward_kernel`` (``accumulating``), whose ten accumulators spill at 16 pixels; under the
     interpreter (not ``compiled``), which runs programs one by one at a fixed cost per operation, 64 pixels
     and up to 256 channels."""
     widest = 64 if compiled else 256
-    return 16 if compiled else 64, max(16, min(widest, triton.next_power_of_2(channels)))
+    pixels = (8 if accumulating else 16) if compiled else 64
+    return pixels, max(16, min(widest, triton.next_power_of_2(channels)))
 
 
-def strips(height: int, width: int, compiled: bool) -> tuple[int, int]:
-    """(rows, columns) of the backward's strips: 16 × 8 (the two rows of ĝ computed before each strip's
-    first cost 1/8 more; at 64 channels and 4 warps 145 registers on sm_90, where 16 columns took 216);
-    under the interpreter, which pays per operation, two strips down the rows and one across the columns,
-    except that grids up to 8 wide take 4 columns, so the tests' tiny grids still cross strips both ways."""
-    if compiled:
-        return 16, 8
-    return max(4, triton.cdiv(height, 2)), 4 if width <= 8 else triton.next_power_of_2(width)
-
-
-def backward_splits(x: Tensor, num_strips: int, channel_blocks: int) -> int:
-    """Programs per block of channels in backward: a few per multiprocessor in all."""
+def backward_programs(x: Tensor, num_blocks: int, channel_blocks: int) -> int:
+    """``gelu_backward_kernel``'s programs per block of channels: as many as fit on the multiprocessors at
+    once (``PROGRAMS_PER_SM``), at most one per block of pixels."""
     if not x.is_cuda:
-        return min(num_strips, INTERPRETER_SPLITS)
-    programs = SPLITS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
-    return max(1, min(num_strips, programs // channel_blocks))
+        return min(num_blocks, INTERPRETER_PROGRAMS)
+    programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
+    return max(1, min(num_blocks, programs // channel_blocks))
 
 
-@custom_op("segattn::depthwise_conv_gelu", mutates_args=())
-def depthwise_conv_gelu(x: Tensor, weight: Tensor, bias: Tensor, height: int, width: int) -> Tensor:
-    """GELU(depthwise 3×3 conv(x) + bias) of [B, N, C] tokens on their height × width grid (N = H·W, row
-    major), ``weight`` [C, 1, 3, 3], ``bias`` [C]: contiguous [B, N, C] in x's dtype, fp32 inside."""
+def conv(x: Tensor, weight: Tensor, bias: Tensor, height: int, width: int, gelu: bool) -> Tensor:
+    """``conv_gelu_kernel`` over x: contiguous [B, N, C] in x's dtype."""
     batch, _, channels = x.shape
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_p, block_c = blocks(channels, x.is_cuda)
@@ -189,9 +147,16 @@ def depthwise_conv_gelu(x: Tensor, weight: Tensor, bias: Tensor, height: int, wi
     grid = (batch * pixel_blocks, triton.cdiv(channels, block_c))
     conv_gelu_kernel[grid](
         x, weight.contiguous(), bias.contiguous(), out, *x.stride(), channels, height, width, pixel_blocks,
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS,
+        GELU=gelu, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
+
+
+@custom_op("segattn::depthwise_conv_gelu", mutates_args=())
+def depthwise_conv_gelu(x: Tensor, weight: Tensor, bias: Tensor, height: int, width: int) -> Tensor:
+    """GELU(depthwise 3×3 conv(x) + bias) of [B, N, C] tokens on their height × width grid (N = H·W, row
+    major), ``weight`` [C, 1, 3, 3], ``bias`` [C]: contiguous [B, N, C] in x's dtype, fp32 inside."""
+    return conv(x, weight, bias, height, width, gelu=True)
 
 
 @register_fake("segattn::depthwise_conv_gelu")
@@ -206,25 +171,24 @@ def depthwise_conv_gelu_backward(
     """(∂x, ∂weight, ∂bias) of ``depthwise_conv_gelu`` from the output gradient; the pre-activation is
     recomputed."""
     batch, _, channels = x.shape
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_c = blocks(channels, x.is_cuda)[1]
-    rows, columns = strips(height, width, x.is_cuda)
-    row_groups, col_blocks = triton.cdiv(height, rows), triton.cdiv(width, columns)
-    num_strips = batch * row_groups * col_blocks
+    grad_pre = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_p, block_c = blocks(channels, x.is_cuda, accumulating=True)
+    pixel_blocks = triton.cdiv(height * width, block_p)
     channel_blocks = triton.cdiv(channels, block_c)
-    splits = backward_splits(x, num_strips, channel_blocks)
-    partials = torch.empty(splits, TAP_ROWS, channels, dtype=torch.float32, device=x.device)
-    conv_gelu_backward_kernel[(splits, channel_blocks)](
-        x, grad, weight.contiguous(), bias.contiguous(), grad_x, partials, *x.stride(), *grad.stride(),
-        channels, height, width, row_groups, col_blocks, num_strips, ROWS=rows, BLOCK_W=columns,
-        BLOCK_C=block_c, num_warps=NUM_WARPS,
+    programs = backward_programs(x, batch * pixel_blocks, channel_blocks)
+    partials = torch.empty(programs, 10, channels, dtype=torch.float32, device=x.device)
+    gelu_backward_kernel[(programs, channel_blocks)](
+        x, grad, weight.contiguous(), bias.contiguous(), grad_pre, partials, *x.stride(), *grad.stride(),
+        channels, height, width, pixel_blocks, batch * pixel_blocks, BLOCK_P=block_p, BLOCK_C=block_c,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
-    sums = partials[:, : TAPS + 1].sum(dim=0)  # copies: an operator's results may not share storage
-    grad_weight = sums[:TAPS].t().reshape(weight.shape).to(weight.dtype)
+    grad_x = conv(grad_pre, weight.flip(-2, -1), bias, height, width, gelu=False)  # ∂x = Σ_tap w(−tap)·ĝ
+    sums = partials.sum(dim=0)  # copies: an operator's results may not share storage
+    grad_weight = sums[:9].t().reshape(weight.shape).to(weight.dtype)
     return (
         grad_x,
         grad_weight.clone(memory_format=torch.contiguous_format),
-        sums[TAPS].to(bias.dtype, copy=True),
+        sums[9].to(bias.dtype, copy=True),
     )
 
 

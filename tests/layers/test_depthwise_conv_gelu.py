@@ -24,8 +24,8 @@ from segattn.layers import KERNEL_ENV, depthwise_triton  # noqa: F401  (register
 from segattn.models.blocks import MixFFN
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-HEIGHT, WIDTH = 5, 7  # the interpreter's backward strips are 4 × 4: this grid crosses them both ways
-SMALL = (3, 4)  # one strip: for the tests of the operator's plumbing, which run it many times
+HEIGHT, WIDTH = 9, 11  # 2 interpreter tiles of 64 pixels an image, split mid-row; 2 ĝ programs walk 2 each
+SMALL = (3, 4)  # one tile: for the tests of the operator's plumbing, which run it many times
 
 
 def inputs(
@@ -61,6 +61,16 @@ def test_conv_gelu_operator_matches_the_explicit_formula_with_its_gradients(
     for got, want in zip((out, *grads), (reference, *reference_grads), strict=True):
         scale = want.abs().max().item()
         torch.testing.assert_close(got.double(), want, rtol=0, atol=tolerance * scale)
+
+
+def test_conv_gelu_backward_is_deterministic() -> None:
+    """The weight and bias gradients are per-program partials summed in a fixed order, never atomics: two
+    backward passes agree bit for bit."""
+    x, weight, bias = inputs(torch.float32)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    args = (grad, x.detach(), weight.detach(), bias.detach(), HEIGHT, WIDTH)
+    first, second = (torch.ops.segattn.depthwise_conv_gelu_backward(*args) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 def test_conv_gelu_operators_pass_opcheck() -> None:
