@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..layers import HW, from_grid, to_grid
+from ..layers import HW, LayerNorm, from_grid, to_grid
 from .base import AttentionBase
 
 
@@ -25,7 +25,7 @@ class ReducedKeysAttention(AttentionBase):
         self.sr_ratio = sr_ratio
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(dim)
+            self.norm = LayerNorm(dim)
 
     def reduced_hw(self, hw: HW) -> HW:
         """The key/value grid: (H, W) at R = 1, else (⌊H/R⌋, ⌊W/R⌋) as the stride-R conv makes it."""

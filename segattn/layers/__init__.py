@@ -1,11 +1,12 @@
 """Small reusable pieces below attention/ and models/: the token grid ↔ image conversion (and the resampling
-of a learned per-position embedding between grids), the channels-last depthwise conv, and the one choice
-between plain formulas, PyTorch Functions and Triton kernels (``fast_path``, which reads SEGATTN_FUSED and
-SEGATTN_KERNEL)."""
+of a learned per-position embedding between grids), the channels-last depthwise conv, LayerNorm, and the one
+choice between plain formulas, PyTorch Functions and Triton kernels (``fast_path``, which reads
+SEGATTN_FUSED and SEGATTN_KERNEL)."""
 
 from .depthwise import depthwise_conv, depthwise_conv_gelu
 from .fast_path import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, kernel_backend, loss_path
 from .grid import HW, from_grid, interpolation_matrix, resample_grid, resample_grid_embedding, to_grid
+from .norm import LayerNorm
 
 __all__ = [
     "FUNCTION",
@@ -14,6 +15,7 @@ __all__ = [
     "KERNEL_ENV",
     "PLAIN",
     "TRITON",
+    "LayerNorm",
     "choose_path",
     "depthwise_conv",
     "depthwise_conv_gelu",

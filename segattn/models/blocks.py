@@ -18,11 +18,12 @@ from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from segattn import layers
 from segattn.attention import AttentionBase, attention_options, build_attention
 from segattn.layers import HW, depthwise_conv_gelu, kernel_backend
 from segattn.parallel import recompute_contexts
 
-LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
+LayerNorm = partial(layers.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
 
 
 @dataclass(frozen=True)

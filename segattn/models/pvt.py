@@ -26,7 +26,7 @@ from timm.models.pvt_v2 import checkpoint_filter_fn
 from torch import Tensor, nn
 
 from segattn.attention import attention_class
-from segattn.layers import HW, from_grid, resample_grid_embedding, to_grid
+from segattn.layers import HW, LayerNorm, from_grid, resample_grid_embedding, to_grid
 
 from .blocks import (
     AttentionSpec,
@@ -76,7 +76,7 @@ class PatchEmbed(Checkpointable):
         super().__init__()
         padding = patch_size // 2 if patch_size > stride else 0
         self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=padding)
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = LayerNorm(embed_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return recompute_in_backward(self.grad_checkpointing, self.embed, x)
@@ -121,11 +121,11 @@ class PVTStage(nn.Module):
                 attn_layer(dim, num_heads),
                 MixFFN(dim, hidden) if ffn == "mix" else TokenMlp(dim, hidden),
                 drop_path[i],
-                norm_layer=partial(nn.LayerNorm, eps=norm_eps),
+                norm_layer=partial(LayerNorm, eps=norm_eps),
             )
             for i in range(depth)
         )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps) if stage_norm else nn.Identity()
+        self.norm = LayerNorm(dim, eps=norm_eps) if stage_norm else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:

@@ -7,8 +7,8 @@ this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` 
 Each feature map's forward and backward code is compiled once (``backward_kernel``'s second phase uses both),
 each kernel with its branches on, the widest head dim with its block size, and the stats and focusing
 kernels. A second child counts the binaries a sweep of token counts needs, from Triton's own specialisation
-keys. The fused loss's kernels (``training.loss_kernels``) and Mix-FFN's (``layers.depthwise_triton``) are
-checked for spills here too.
+keys. The fused loss's kernels (``training.loss_kernels``), Mix-FFN's (``layers.depthwise_triton``) and
+LayerNorm's (``layers.layer_norm_triton``) are checked for spills here too.
 """
 
 from __future__ import annotations
@@ -183,6 +183,28 @@ def mix_ffn_spills() -> list[str]:
     return lines
 
 
+def layer_norm_spills() -> list[str]:
+    """LayerNorm's kernels at their tiles for 32 channels (pvt-b0's stage 1) and 1024 (the widest), fp32 rows
+    normalised into bf16 (autocast) and fp32 throughout: "name channels dtype registers spills" per kernel."""
+    from segattn.layers import layer_norm_triton as N
+
+    lines = []
+    for channels in (32, 1024):
+        rows, padded = N.tile(channels)
+        constants = {"BLOCK_ROWS": rows, "BLOCK_C": padded}
+        for dtype, half in (("bf16", ("y_ptr", "grad_ptr")), ("fp32", ())):
+            for fn in (N.layer_norm_kernel, N.layer_norm_backward_kernel):
+                registers, spilled = ptxas_report(fn, constants, 4, half, {})
+                lines.append(f"{fn.__name__} {channels} {dtype} {registers} {spilled}")
+    return lines
+
+
+def test_the_layer_norm_kernels_compile_for_sm90_without_spilling() -> None:
+    rows = [line.split() for line in run_child("layer_norm").stdout.splitlines()]
+    assert len(rows) == 8, rows
+    assert [row for row in rows if row[4] != "0"] == []
+
+
 def test_the_mix_ffn_kernels_compile_for_sm90_without_spilling() -> None:
     """With their nine taps unrolled, at 32 pixels × 64 channels, they spilled: 254 registers and 32 bytes a
     thread in the forward, 18 KiB in the strip-walking backward of before; ``gelu_backward_kernel``'s ten
@@ -278,5 +300,6 @@ if __name__ == "__main__":
         "spills": spills,
         "loss": loss_spills,
         "mix_ffn": mix_ffn_spills,
+        "layer_norm": layer_norm_spills,
     }
     print("\n".join(modes.get(sys.argv[1] if sys.argv[1:] else "", compile_all)()))

@@ -1,0 +1,38 @@
+"""LayerNorm with a Triton operator for the narrow rows of high-resolution token maps."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .fast_path import TRITON, choose_path, kernel_backend
+
+MAX_CHANNELS = 1024  # the widest rows the Triton operator's tile holds
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` over the last axis (same parameters, state_dict and values) that runs as one Triton
+    operator where ``choose_path`` gives it (``kernel_backend``, read when built; under SEGATTN_KERNEL=triton
+    only, until a GPU run has timed it): ``layer_norm_triton``, which writes its output in the autocast dtype
+    the next matmul would cast it to."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, **kwargs) -> None:
+        super().__init__(normalized_shape, eps=eps, **kwargs)
+        self.kernel_backend = kernel_backend()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.takes_triton(x):
+            from . import layer_norm_triton  # noqa: F401  (imports triton; registers segattn::layer_norm)
+
+            device = x.device.type
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+            return torch.ops.segattn.layer_norm.default(x, self.weight, self.bias, self.eps, dtype)[0]
+        return super().forward(x)
+
+    def takes_triton(self, x: Tensor) -> bool:
+        """Whether a call on ``x`` takes the operator: one normalised axis of at most ``MAX_CHANNELS``, with
+        weight and bias, on ``choose_path``'s Triton path."""
+        shaped = len(self.normalized_shape) == 1 and self.normalized_shape[0] <= MAX_CHANNELS
+        affine = self.weight is not None and self.bias is not None
+        path = choose_path(self.kernel_backend, x, triton_head_dim=1, function=False, triton_by_default=False)
+        return shaped and affine and path == TRITON

@@ -1,0 +1,111 @@
+"""LayerNorm as one Triton operator (``segattn::layer_norm``): output and the gradients of input, weight and
+bias against F.layer_norm in float64 (fp32 and bf16; rows that cross the tile, channels not a power of two),
+its output dtype under autocast, ``opcheck`` on both operators, determinism, and ``layers.LayerNorm``
+taking it under SEGATTN_KERNEL=triton only, with nn.LayerNorm's parameters, in eager mode and compiled,
+but not when exported.
+
+On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from segattn.layers import KERNEL_ENV, LayerNorm, layer_norm_triton  # noqa: F401  (registers the operators)
+from segattn.layers.fast_path import paths_of_a_gpu
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+EPS = 1e-6
+
+
+def inputs(dtype: torch.dtype, rows: int, channels: int) -> tuple[Tensor, Tensor, Tensor]:
+    """x [2, rows, C] (a strided view: every other row of a wider tensor), weight and bias."""
+    generator = torch.Generator().manual_seed(0)
+    wide = 3 * torch.randn(2, 2 * rows, channels, generator=generator) + 1
+    weight = 1 + torch.randn(channels, generator=generator) / 4
+    bias = torch.randn(channels, generator=generator)
+    x = wide.to(DEVICE, dtype).requires_grad_()[:, ::2]
+    return x, weight.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(("rows", "channels"), [(37, 20), (5, 200)])  # across tiles; a tile of 8 rows
+def test_layer_norm_operator_matches_the_formula_with_its_gradients(
+    dtype: torch.dtype, tolerance: float, rows: int, channels: int
+) -> None:
+    x, weight, bias = inputs(dtype, rows, channels)
+    out, mean, rstd = torch.ops.segattn.layer_norm(x, weight, bias, EPS, dtype)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    grads = torch.autograd.grad(out, (x, weight, bias), grad)
+    exact = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    reference = F.layer_norm(exact[0], (channels,), exact[1], exact[2], EPS)
+    reference_grads = torch.autograd.grad(reference, exact, grad.double())
+    assert out.dtype == dtype and grads[0].dtype == dtype and mean.dtype == rstd.dtype == torch.float32
+    torch.testing.assert_close(mean.double(), exact[0].mean(-1).flatten(), rtol=0, atol=tolerance)
+    for got, want in zip((out, *grads), (reference, *reference_grads), strict=True):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=tolerance * scale)
+
+
+def test_the_output_takes_the_dtype_asked_for_and_the_gradient_the_inputs() -> None:
+    """fp32 rows normalised into bf16 (what autocast's next matmul reads): the fp32 result rounded once."""
+    x, weight, bias = inputs(torch.float32, 9, 12)
+    out = torch.ops.segattn.layer_norm(x, weight, bias, EPS, torch.bfloat16)[0]
+    expected = F.layer_norm(x, (12,), weight, bias, EPS)
+    assert out.dtype == torch.bfloat16
+    # within one bf16 step of the fp32 result (the interpreter truncates where a GPU rounds)
+    torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-6)
+    (grad_x,) = torch.autograd.grad(out.float().sum(), x)
+    assert grad_x.dtype == torch.float32
+
+
+def test_layer_norm_operators_pass_opcheck_and_backward_is_deterministic() -> None:
+    x, weight, bias = inputs(torch.float32, 11, 12)
+    checks = dict(
+        torch.library.opcheck(torch.ops.segattn.layer_norm.default, (x, weight, bias, EPS, torch.float32))
+    )
+    _, mean, rstd = torch.ops.segattn.layer_norm(x, weight, bias, EPS, torch.float32)
+    grad = torch.randn(x.shape, device=DEVICE)
+    backward = (grad, x.detach(), weight.detach(), mean.detach(), rstd.detach())
+    checks |= {
+        f"backward {test}": result
+        for test, result in torch.library.opcheck(
+            torch.ops.segattn.layer_norm_backward.default, backward
+        ).items()
+    }
+    assert {test: result for test, result in checks.items() if result != "SUCCESS"} == {}
+    first, second = (torch.ops.segattn.layer_norm_backward(*backward) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_layer_norm_module_takes_the_operator_under_triton_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built under SEGATTN_KERNEL=triton it runs the operator, with nn.LayerNorm's state_dict and values; a
+    GPU's default (``auto``) keeps PyTorch's layer_norm; exported, the plain op."""
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    with paths_of_a_gpu():
+        assert not LayerNorm(8).takes_triton(torch.zeros(1, 8))
+    monkeypatch.setenv(KERNEL_ENV, "triton")
+    norm = LayerNorm(8, eps=EPS).to(DEVICE)
+    reference = torch.nn.LayerNorm(8, eps=EPS).to(DEVICE)
+    with torch.no_grad():
+        reference.weight.normal_()
+        reference.bias.normal_()
+    norm.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 5, 8, device=DEVICE)
+    assert norm.takes_triton(x)
+    torch.testing.assert_close(norm(x), reference(x))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(norm, backend=counter, fullgraph=True)
+    torch.testing.assert_close(compiled(x), reference(x))
+    assert counter.frame_count == 1
+    exported = torch.export.export(norm, (x,))
+    assert "segattn" not in str(exported.graph)
