@@ -29,7 +29,8 @@ MIN_CLASSES = 16  # classes are padded to a power of two of at least this (``tl.
 # (padded classes) × columns per 4 warps of a block: 2048 spilled registers in the backward on sm_90
 # (tests/attention/test_triton_compile.py, ptxas's report); wider classes get more warps
 VALUES_PER_4_WARPS = 512
-BLOCK_IN = 16  # low-resolution columns per block of the backward
+BLOCK_IN = 16  # low-resolution columns per backward program
+SPAN_BLOCKS = 16  # blocks of output columns per forward program (1 under the interpreter: spans get crossed)
 
 
 @functools.cache
@@ -82,14 +83,16 @@ def seg_loss_sums(
     ``target`` [B, H, W]; ``weights``: the K class weights, fp32; Dice's sums are zeros unless ``dice``."""
     (batch, classes), (height, width) = logits.shape[:2], target.shape[-2:]
     rows, cols = (table[:3] for table in tables(logits, size))
-    sums = logits.new_zeros(batch, height, sums_length(classes), dtype=torch.float32)
     padded, block, warps = loss_blocks(classes)
-    loss_kernels().loss_sums_kernel[(height, batch)](
+    span = block * (SPAN_BLOCKS if logits.is_cuda else 1)
+    parts = -(-width // span)
+    sums = logits.new_zeros(batch, height, parts, sums_length(classes), dtype=torch.float32)
+    loss_kernels().loss_sums_kernel[(height, parts, batch)](
         logits, target, weights, sums, *rows, *cols, *logits.stride(), *target.stride(),
-        height, width, classes, ignore_index, smoothing,
+        height, width, classes, ignore_index, smoothing, span,
         DICE=dice, KP=padded, BLOCK=block, num_warps=warps,
     )  # fmt: skip
-    return sums.sum((0, 1))
+    return sums.sum((0, 1, 2))
 
 
 @register_fake("segattn::seg_loss_sums")
@@ -113,7 +116,7 @@ def seg_loss_sums_backward(
     rows, cols = tables(logits, size)
     grad_logits = torch.empty_like(logits)
     padded, block, warps = loss_blocks(classes)
-    loss_kernels().loss_backward_kernel[(low_height, batch)](
+    loss_kernels().loss_backward_kernel[(low_height, -(-low_width // BLOCK_IN), batch)](
         logits, target, weights, grad.float().contiguous(), grad_logits, *rows[:3], *cols[:3], *rows[3:],
         *cols[3:], *logits.stride(), *target.stride(), *grad_logits.stride(),
         height, width, low_width, classes, ignore_index, smoothing,

@@ -5,15 +5,17 @@ Upsampling follows per output row and column the tables ``fused_loss.axis_table`
 align_corners=False rule: the lower source index, the upper one and the upper one's weight); every value
 is computed in fp32 whatever the logits' dtype (fp32, bf16, fp16, read through their strides).
 
-- ``loss_sums_kernel``: grid (image rows, B); each program scores one row of the mask, a block of
-  ``BLOCK`` columns at a time, and writes its partial sums: the cross-entropy sum and its weight sum, and
-  with ``DICE`` Dice's per-class intersection, prediction and label sums ([2 + 3K] per program; the caller
-  adds the rows up, in a fixed order).
-- ``loss_backward_kernel``: grid (low-resolution rows, B); ∂logits of one low-resolution row, blocks of
-  ``BLOCK_IN`` columns at a time, gathered from the output pixels that read them (the rows and columns in
-  the tables' ranges): the softmax recomputed there, each pixel's ∂(upsampled logits) weighed by its
-  bilinear weights and summed, a ``tl.dot`` with the column weights. No atomics: deterministic. Each
-  output row feeds two low-resolution rows, so its softmax is computed twice in backward.
+- ``loss_sums_kernel``: grid (image rows, spans of ``span`` columns, B); each program scores its span of
+  one row of the mask, a block of ``BLOCK`` columns at a time, and writes its partial sums: the
+  cross-entropy sum and its weight sum, and with ``DICE`` Dice's per-class intersection, prediction and
+  label sums ([2 + 3K] per program; the caller adds them up, in a fixed order).
+- ``loss_backward_kernel``: grid (low-resolution rows, blocks of ``BLOCK_IN`` low-resolution columns, B);
+  ∂logits of one block, gathered from the output pixels that read it (the rows and columns in the tables'
+  ranges): the softmax recomputed there, each pixel's ∂(upsampled logits) weighed by its bilinear weights
+  and summed, a ``tl.dot`` with the column weights. No atomics: deterministic. Each output pixel feeds two
+  low-resolution rows and up to two blocks, so its softmax is computed up to four times in backward.
+  (One program per low-resolution row, walking all its blocks, took 25 ms at 4096² on an H200: too few
+  programs for the work; docs/performance.md.)
 
 Classes are padded to the power of two ``KP`` (at least 16, what ``tl.dot`` needs) and masked.
 TRITON_INTERPRET=1 runs them on the CPU, with the attention kernels' rule (``attention.triton.kernels``,
@@ -62,17 +64,17 @@ def softmax_columns(z):
     return e / total[None, :], top + tl.log(total)
 
 
-@triton.jit(do_not_specialize=("H", "W"))
+@triton.jit(do_not_specialize=("H", "W", "span"))
 def loss_sums_kernel(
     logits_ptr, target_ptr, weight_ptr, sums_ptr,
     row_low_ptr, row_high_ptr, row_frac_ptr, col_low_ptr, col_high_ptr, col_frac_ptr,
     slb, slk, slh, slw, stb, sth, stw,
-    H, W, K, ignore_index, smoothing,
+    H, W, K, ignore_index, smoothing, span,
     DICE: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     # Per pixel with target t: (1 − ε)·w_t·(lse − z_t) + ε/K·Σ_k w_k·(lse − z_k) (F.cross_entropy's label
     # smoothing), weight w_t; Dice: p·onehot, p, onehot per class, all over valid pixels only.
-    y, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    y, part, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     classes = tl.arange(0, KP)
     classes_ok = classes < K
     weights = tl.load(weight_ptr + classes, mask=classes_ok, other=0.0)
@@ -84,9 +86,10 @@ def loss_sums_kernel(
     predicted = tl.zeros([KP], dtype=tl.float32)
     labelled = tl.zeros([KP], dtype=tl.float32)
     logits_base, target_base = logits_ptr + b * slb, target_ptr + b * stb + y.to(tl.int64) * sth
-    for start in range(0, W, BLOCK):
+    stop = tl.minimum(part * span + span, W)
+    for start in range(part * span, stop, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        cols_ok = cols < W
+        cols_ok = cols < stop
         left = tl.load(col_low_ptr + cols, mask=cols_ok, other=0)
         right = tl.load(col_high_ptr + cols, mask=cols_ok, other=0)
         horizontal = tl.load(col_frac_ptr + cols, mask=cols_ok, other=0.0)
@@ -110,7 +113,7 @@ def loss_sums_kernel(
             intersection += tl.sum(tl.where(onehot, p, 0.0), axis=1)
             predicted += tl.sum(p, axis=1)
             labelled += tl.sum(onehot.to(tl.float32), axis=1)
-    base = sums_ptr + (b * tl.num_programs(0) + y) * (2 + 3 * K)
+    base = sums_ptr + ((b * tl.num_programs(0) + y) * tl.num_programs(1) + part) * (2 + 3 * K)
     tl.store(base, tl.sum(ce, axis=0))
     tl.store(base + 1, tl.sum(weight_sum, axis=0))
     if DICE:
@@ -132,7 +135,7 @@ def loss_backward_kernel(
     # g_ce·((1 − ε)·w_t·(p_k − [k = t]) + ε/K·(Σw·p_k − w_k)), Dice's p_k·(a_k − Σ_j p_j a_j) with
     # a_k = g_I,k·[k = t] + g_P,k; ∂logits[i, j] = Σ over output pixels of ∂z·(i's row weight)·(j's column
     # weight).
-    i, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i, block_start, b = tl.program_id(0), tl.program_id(1) * BLOCK_IN, tl.program_id(2).to(tl.int64)
     classes = tl.arange(0, KP)
     classes_ok = classes < K
     weights = tl.load(weight_ptr + classes, mask=classes_ok, other=0.0)
@@ -142,43 +145,42 @@ def loss_backward_kernel(
     grad_predicted = tl.load(grad_ptr + 2 + K + classes, mask=classes_ok, other=0.0)
     row_start, row_stop = tl.load(row_start_ptr + i), tl.minimum(tl.load(row_stop_ptr + i), H)
     logits_base, target_base = logits_ptr + b * slb, target_ptr + b * stb
-    for block_start in range(0, w, BLOCK_IN):
-        inputs = block_start + tl.arange(0, BLOCK_IN)
-        last = tl.minimum(block_start + BLOCK_IN, w) - 1
-        col_start = tl.load(col_start_ptr + block_start)
-        col_stop = tl.minimum(tl.load(col_stop_ptr + last), W)
-        acc = tl.zeros([KP, BLOCK_IN], dtype=tl.float32)
-        for y in range(row_start, row_stop):
-            top, bottom = tl.load(row_low_ptr + y), tl.load(row_high_ptr + y)
-            vertical = tl.load(row_frac_ptr + y)
-            row_weight = tl.where(top == i, 1.0 - vertical, 0.0) + tl.where(bottom == i, vertical, 0.0)
-            for start in range(col_start, col_stop, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                cols_ok = cols < col_stop
-                left = tl.load(col_low_ptr + cols, mask=cols_ok, other=-1)
-                right = tl.load(col_high_ptr + cols, mask=cols_ok, other=-1)
-                horizontal = tl.load(col_frac_ptr + cols, mask=cols_ok, other=0.0)
-                z = upsampled_logits(
-                    logits_base, slk, slh, slw, classes, classes_ok, top, bottom, vertical, cols_ok,
-                    left, right, horizontal,
-                )  # fmt: skip
-                target_row = target_base + tl.cast(y, tl.int64) * sth
-                target = tl.load(target_row + cols.to(tl.int64) * stw, mask=cols_ok, other=ignore_index)
-                valid = cols_ok & (target != ignore_index)
-                onehot = classes[:, None] == target[None, :]
-                p, _ = softmax_columns(z)
-                pixel_weight = tl.sum(tl.where(onehot, weights[:, None], 0.0), axis=0)
-                dz = (1.0 - smoothing) * pixel_weight[None, :] * (p - onehot.to(tl.float32))
-                dz += smoothing / K * (total_weight * p - weights[:, None])
-                dz *= grad_ce
-                if DICE:
-                    a = tl.where(onehot, grad_intersection[:, None], 0.0) + grad_predicted[:, None]
-                    dz += p * (a - tl.sum(p * a, axis=0)[None, :])
-                dz = tl.where(classes_ok[:, None] & valid[None, :], dz * row_weight, 0.0)
-                spread = tl.where(left[:, None] == inputs[None, :], 1.0 - horizontal[:, None], 0.0)
-                spread += tl.where(right[:, None] == inputs[None, :], horizontal[:, None], 0.0)
-                acc += tl.dot(dz, spread, input_precision="ieee")
-        offsets = dlogits_ptr + b * sdb + classes[:, None].to(tl.int64) * sdk + i.to(tl.int64) * sdh
-        mask = classes_ok[:, None] & (inputs < w)[None, :]
-        offsets += inputs[None, :].to(tl.int64) * sdw
-        tl.store(offsets, acc.to(dlogits_ptr.dtype.element_ty), mask=mask)
+    inputs = block_start + tl.arange(0, BLOCK_IN)
+    last = tl.minimum(block_start + BLOCK_IN, w) - 1
+    col_start = tl.load(col_start_ptr + block_start)
+    col_stop = tl.minimum(tl.load(col_stop_ptr + last), W)
+    acc = tl.zeros([KP, BLOCK_IN], dtype=tl.float32)
+    for y in range(row_start, row_stop):
+        top, bottom = tl.load(row_low_ptr + y), tl.load(row_high_ptr + y)
+        vertical = tl.load(row_frac_ptr + y)
+        row_weight = tl.where(top == i, 1.0 - vertical, 0.0) + tl.where(bottom == i, vertical, 0.0)
+        for start in range(col_start, col_stop, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            cols_ok = cols < col_stop
+            left = tl.load(col_low_ptr + cols, mask=cols_ok, other=-1)
+            right = tl.load(col_high_ptr + cols, mask=cols_ok, other=-1)
+            horizontal = tl.load(col_frac_ptr + cols, mask=cols_ok, other=0.0)
+            z = upsampled_logits(
+                logits_base, slk, slh, slw, classes, classes_ok, top, bottom, vertical, cols_ok,
+                left, right, horizontal,
+            )  # fmt: skip
+            target_row = target_base + tl.cast(y, tl.int64) * sth
+            target = tl.load(target_row + cols.to(tl.int64) * stw, mask=cols_ok, other=ignore_index)
+            valid = cols_ok & (target != ignore_index)
+            onehot = classes[:, None] == target[None, :]
+            p, _ = softmax_columns(z)
+            pixel_weight = tl.sum(tl.where(onehot, weights[:, None], 0.0), axis=0)
+            dz = (1.0 - smoothing) * pixel_weight[None, :] * (p - onehot.to(tl.float32))
+            dz += smoothing / K * (total_weight * p - weights[:, None])
+            dz *= grad_ce
+            if DICE:
+                a = tl.where(onehot, grad_intersection[:, None], 0.0) + grad_predicted[:, None]
+                dz += p * (a - tl.sum(p * a, axis=0)[None, :])
+            dz = tl.where(classes_ok[:, None] & valid[None, :], dz * row_weight, 0.0)
+            spread = tl.where(left[:, None] == inputs[None, :], 1.0 - horizontal[:, None], 0.0)
+            spread += tl.where(right[:, None] == inputs[None, :], horizontal[:, None], 0.0)
+            acc += tl.dot(dz, spread, input_precision="ieee")
+    offsets = dlogits_ptr + b * sdb + classes[:, None].to(tl.int64) * sdk + i.to(tl.int64) * sdh
+    mask = classes_ok[:, None] & (inputs < w)[None, :]
+    offsets += inputs[None, :].to(tl.int64) * sdw
+    tl.store(offsets, acc.to(dlogits_ptr.dtype.element_ty), mask=mask)
