@@ -144,7 +144,8 @@ def test_bench_op_profiles_one_call_per_variant_with_at_least_5_repeats(tmp_path
 
 def test_bench_model_profiles_one_step_per_timed_row_at_the_profile_size(tmp_path, capsys):
     args = [*CPU, "models=[{name:pvt,size:b0}]", "variants=[linear]", "image_sizes=[32,64x32]", "repeats=1"]
-    assert main(["model", *args, "memory=false", "profile=true", "profile_size=64x32", f"out={tmp_path}"]) == 0
+    profile = ["profile=true", "profile_size=64x32"]
+    assert main(["model", *args, "memory=false", *profile, f"out={tmp_path}"]) == 0
     assert "model profile: where a step spends its time" in capsys.readouterr().out
     rows = read_csv(tmp_path / "model_profile.csv")
     assert {(r["model"], r["size"], r["variant"], r["kernel"]) for r in rows} == {
@@ -160,7 +161,8 @@ def test_bench_model_profiles_one_step_per_timed_row_at_the_profile_size(tmp_pat
 def test_a_profile_size_that_is_not_timed_is_one_line(tmp_path, capsys):
     argv = ["model", *CPU, "image_sizes=[32]", "profile=true", "profile_size=64", f"out={tmp_path / 'out'}"]
     assert main(argv) == 2
-    assert capsys.readouterr().err == "python -m segattn.bench model: profile_size=64: not one of image_sizes=[32]\n"
+    error = "python -m segattn.bench model: profile_size=64: not one of image_sizes=[32]\n"
+    assert capsys.readouterr().err == error
     assert not (tmp_path / "out").exists()
 
 
