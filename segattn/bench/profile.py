@@ -65,16 +65,13 @@ def self_times(fn: Callable[[], object], device: torch.device, top: int = 40) ->
     ``calls`` and ``share`` of the call's total, the ``top`` rows and one "other" row for the rest."""
     from torch.autograd import DeviceType
 
-    kind = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
-    events = [event for event in profiled_events(fn, device, warmup=0) if event.device_type == kind]
-    times = [
-        (
-            event.key,
-            (event.self_device_time_total if kind == DeviceType.CUDA else event.self_cpu_time_total),
-            event.count,
-        )
-        for event in events
-    ]
+    cuda = device.type == "cuda"
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    times = []  # (name, microseconds, calls)
+    for event in profiled_events(fn, device, warmup=0):
+        if event.device_type == kind:
+            spent = event.self_device_time_total if cuda else event.self_cpu_time_total
+            times.append((event.key, spent, event.count))
     times.sort(key=lambda item: -item[1])
     total = sum(time for _, time, _ in times) or 1.0
     rest = times[top:]
