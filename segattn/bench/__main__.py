@@ -185,10 +185,16 @@ def op_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -
 def model_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device) -> Run:
     from .model import ModelSettings, run
 
+    sizes = [parse_image_size(size) for size in values["image_sizes"]]
+    profile_size = values["profile_size"] and parse_image_size(values["profile_size"])
+    if profile_size and profile_size not in sizes:
+        raise ConfigError(
+            f"profile_size={values['profile_size']}: not one of image_sizes={values['image_sizes']}"
+        )
     settings = ModelSettings(
         models=models(values["models"]),
         variants=variants(values["variants"]) if values["variants"] else None,
-        image_sizes=[parse_image_size(size) for size in values["image_sizes"]],
+        image_sizes=sizes,
         dtypes=values["dtypes"],
         batch=values["batch"],
         repeats=values["repeats"],
@@ -198,6 +204,8 @@ def model_settings(values: dict[str, Any], cfg: DictConfig, device: torch.device
         compile=values["compile"],
         kernels=kernels(values["kernels"], device, tunings=False),
         time_budget=values["time_budget"],
+        profile=values["profile"],
+        profile_size=profile_size or None,
     )
     return lambda out_dir: run(settings, device, out_dir)
 

@@ -7,7 +7,8 @@ sr_ratios: [1,1,1,1]}`` is PVT with softmax and no spatial reduction. Each varia
 model is built: ``linear@torch``, ``linear@triton``). Images are square (``2048``) or WIDTHxHEIGHT
 (``4288x2848``), at each batch of ``batch``. The rows of one size and batch are timed round-robin after
 warm-up rounds that include compilation; peak memory (weights, optimizer state, activations; also per
-megapixel of the batch) comes from a fresh child per (model, variant).
+megapixel of the batch) comes from a fresh child per (model, variant). With ``profile``, one more step of each
+timed row (at ``profile_size`` only, when set) runs under ``torch.profiler``: model_profile.csv.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .measure import (
     time_call,
 )
 from .op import DTYPES
+from .profile import self_times
 from .report import Panel, format_bytes, grid, plot_panels, print_table, progress, write_csv
 from .specs import (
     Spec,
@@ -71,6 +73,8 @@ class ModelSettings:
     compile: bool = False  # also each variant's compiled twin
     kernels: list[str] = field(default_factory=lambda: ["auto"])  # SEGATTN_KERNEL values, side by side
     time_budget: float | None = None  # seconds: sizes not started by then are skipped (and say so)
+    profile: bool = False  # one more step per timed row under torch.profiler: self time per kernel or op
+    profile_size: tuple[int, int] | None = None  # (height, width) profiled; None: every size
 
     @property
     def batches(self) -> list[int]:
@@ -194,12 +198,14 @@ def row_label(variant: str, batch: int, settings: ModelSettings) -> str:
 
 
 def time_steps(
-    settings: ModelSettings, device: torch.device, save: Callable[[list], None] | None = None
-) -> list[dict[str, Any]]:
-    """Median step time per (model, variant, dtype, size, batch); the variants of one size and batch are
-    timed round-robin. ``save(rows)`` after each of them: a run cut short keeps what it measured."""
+    settings: ModelSettings, device: torch.device, save: Callable[[list, list], None] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Median step time per (model, variant, dtype, size, batch), the variants of one size and batch timed
+    round-robin; and with ``settings.profile``, the ``profile_steps`` rows. ``save(rows, profiles)`` after
+    each size and batch: a run cut short keeps what it measured."""
     deadline = time.monotonic() + settings.time_budget if settings.time_budget else float("inf")
     rows: list[dict[str, Any]] = []
+    profiles: list[dict[str, Any]] = []
     for model in settings.models:
         variants = variants_for(settings, model)
         for dtype in settings.dtypes:
@@ -216,7 +222,6 @@ def time_steps(
                     progress(f"model {model.label} {dtype} {shape}: {', '.join(steps) or 'nothing to time'}")
                     errors: dict[str, str] = {}
                     samples = round_robin(steps, device, settings, errors)
-                    del steps
                     for label, times in samples.items():
                         if label in errors:
                             failed[label, batch] = errors[label]
@@ -229,10 +234,27 @@ def time_steps(
                             {**base, "variant": label, "seconds": seconds, "repeats": len(times)}
                             | {"images_per_s": batch / seconds, "status": "ok", "note": ""}
                         )
+                    if settings.profile and settings.profile_size in (None, (height, width)):
+                        timed = {label: step for label, step in steps.items() if label not in errors}
+                        profiles += profile_steps(timed, base, variants, device)
+                    del steps
                     if save:
-                        save(rows)
+                        save(rows, profiles)
         add_speedups(rows, model.label, variants[0].label)
-    return rows
+    return rows, profiles
+
+
+def profile_steps(
+    steps: dict[str, TrainStep], base: dict[str, Any], variants: list[Spec], device: torch.device
+) -> list[dict[str, Any]]:
+    """One more step of each of ``steps`` (warm: just timed) under ``torch.profiler``: its ``self_times``
+    rows (the top 40 kernels, or ops on the CPU, and "other"), with the step's model, size and kernel path."""
+    kernels = {variant.label: variant.kernel for variant in variants}
+    out = []
+    for label, step in steps.items():
+        for row in self_times(step, device):
+            out.append({**base, "variant": label, "kernel": kernels[label], **row})
+    return out
 
 
 def steps_to_time(
@@ -412,9 +434,35 @@ def report(rows: list[dict[str, Any]], settings: ModelSettings, out_dir: Path) -
     plot_panels(out_dir / "model.png", panels, columns=2 if settings.memory else 1)
 
 
+def print_profiles(profiles: list[dict[str, Any]], top: int = 10) -> None:
+    """The ``top`` kernels (or ops, on the CPU) of each profiled step, one table."""
+    table, shown = [], {}
+    for row in profiles:
+        step = (row["model"], row["dtype"], row["size"], row["batch"], row["variant"])
+        shown[step] = shown.get(step, 0) + 1
+        if shown[step] <= top:
+            what = [row["variant"], f"{row['size']} ×{row['batch']}", row["name"][:70]]
+            table.append([*what, f"{row['self_ms']:.3f}", str(row["calls"]), f"{row['share']:.1%}"])
+    caption = (
+        "one training step after the timed ones, torch.profiler: self time per kernel on CUDA (per op on "
+        f"the CPU), the top {top} of each step; share = of the step's total. All: model_profile.csv"
+    )
+    columns = ["variant", "size", "kernel or op", "self ms", "calls", "share"]
+    print_table("model profile: where a step spends its time", columns, table, caption)
+
+
+def save_rows(out_dir: Path, rows: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> None:
+    """model.csv, and model_profile.csv once there are profiled steps."""
+    write_csv(out_dir / "model.csv", rows)
+    if profiles:
+        write_csv(out_dir / "model_profile.csv", profiles)
+
+
 def run(settings: ModelSettings, device: torch.device, out_dir: Path) -> list[dict[str, Any]]:
-    rows = time_steps(settings, device, save=functools.partial(write_csv, out_dir / "model.csv"))
+    rows, profiles = time_steps(settings, device, save=functools.partial(save_rows, out_dir))
     if settings.memory:
         measure_memory(rows, settings, device)
     report(rows, settings, out_dir)
+    if profiles:
+        print_profiles(profiles)
     return rows

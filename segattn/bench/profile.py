@@ -1,4 +1,5 @@
-"""``bench op``'s profile: one call of each variant split into host and device time by ``torch.profiler``.
+"""``torch.profiler`` over one call: ``bench op``'s split of each variant's call into host and device time,
+and ``bench model``'s self time per kernel (or, on the CPU, per op) of one training step.
 
 Host time is the wall time the calling thread spends inside the call (Python, argument binding, ATen
 dispatch, launches; with the profiler's own overhead on top), device time the sum of the GPU kernels and
@@ -22,10 +23,9 @@ from .report import format_seconds, print_table
 CALL = "segattn.bench.call"  # the profiler range around the profiled call
 
 
-def profile_call(fn: Callable[[], object], device: torch.device, warmup: int = 2) -> dict[str, Any]:
-    """Host and device seconds, ATen ops and kernel launches of one call of ``fn`` after ``warmup`` calls
-    (the first compiles); ``device_seconds`` is None on the CPU."""
-    from torch.autograd import DeviceType
+def profiled_events(fn: Callable[[], object], device: torch.device, warmup: int) -> Any:
+    """``torch.profiler``'s key averages of one call of ``fn`` (inside the range ``CALL``) after ``warmup``
+    calls; CUDA activity too where ``device`` is CUDA."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     for _ in range(warmup):
@@ -39,7 +39,16 @@ def profile_call(fn: Callable[[], object], device: torch.device, warmup: int = 2
         with record_function(CALL):
             fn()
         synchronize(device)
-    events = profiler.key_averages()
+    return profiler.key_averages()
+
+
+def profile_call(fn: Callable[[], object], device: torch.device, warmup: int = 2) -> dict[str, Any]:
+    """Host and device seconds, ATen ops and kernel launches of one call of ``fn`` after ``warmup`` calls
+    (the first compiles); ``device_seconds`` is None on the CPU."""
+    from torch.autograd import DeviceType
+
+    events = profiled_events(fn, device, warmup)
+    cuda = device.type == "cuda"
     host = next(event.cpu_time_total for event in events if event.key == CALL) / 1e6
     on_device = [event for event in events if event.device_type == DeviceType.CUDA]
     return {
@@ -48,6 +57,33 @@ def profile_call(fn: Callable[[], object], device: torch.device, warmup: int = 2
         "ops": sum(event.count for event in events if event.key.startswith("aten::")),
         "launches": sum(event.count for event in events if "LaunchKernel" in event.key),
     }
+
+
+def self_times(fn: Callable[[], object], device: torch.device, top: int = 40) -> list[dict[str, Any]]:
+    """Where one call of ``fn`` spends its time, most first: on CUDA each kernel's (and copy's) self device
+    time, on the CPU each op's self time (``CALL``: the host outside any op); ``name``, ``self_ms``,
+    ``calls`` and ``share`` of the call's total, the ``top`` rows and one "other" row for the rest."""
+    from torch.autograd import DeviceType
+
+    cuda = device.type == "cuda"
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    times = []  # (name, microseconds, calls)
+    for event in profiled_events(fn, device, warmup=0):
+        if event.device_type == kind:
+            spent = event.self_device_time_total if cuda else event.self_cpu_time_total
+            times.append((event.key, spent, event.count))
+    times.sort(key=lambda item: -item[1])
+    total = sum(time for _, time, _ in times) or 1.0
+    rest = times[top:]
+    if rest:
+        times = [
+            *times[:top],
+            ("other", sum(time for _, time, _ in rest), sum(calls for _, _, calls in rest)),
+        ]
+    return [
+        {"name": name, "self_ms": time / 1e3, "calls": calls, "share": time / total}
+        for name, time, calls in times
+    ]
 
 
 def print_profile(rows: list[dict[str, Any]]) -> None:

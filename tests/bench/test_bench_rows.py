@@ -1,7 +1,8 @@
 """What a user runs, as rows of the bench tables (issue 31 item 5): the kernel path (SEGATTN_KERNEL) and
 compile as row labels, non-square images and several batches in `bench model`, peak memory per megapixel
-in the model and maxres tables, at least 5 timed repeats after the warm-up, and `bench op`'s profiled
-call (host and device time; on the CPU there is no device column to fill).
+in the model and maxres tables, at least 5 timed repeats after the warm-up, `bench op`'s profiled
+call (host and device time; on the CPU there is no device column to fill) and `bench model`'s profiled
+step (self time per kernel, per op on the CPU).
 
 At tiny sizes on the CPU: nothing here asserts speed.
 """
@@ -139,6 +140,30 @@ def test_bench_op_profiles_one_call_per_variant_with_at_least_5_repeats(tmp_path
         assert int(row["tokens"]) == 1024  # the largest size it ran at
         assert float(row["host_seconds"]) > 0 and int(row["ops"]) > 0
         assert row["device_seconds"] == ""  # no device on the CPU: the table says "cpu"
+
+
+def test_bench_model_profiles_one_step_per_timed_row_at_the_profile_size(tmp_path, capsys):
+    args = [*CPU, "models=[{name:pvt,size:b0}]", "variants=[linear]", "image_sizes=[32,64x32]", "repeats=1"]
+    profile = ["profile=true", "profile_size=64x32"]
+    assert main(["model", *args, "memory=false", *profile, f"out={tmp_path}"]) == 0
+    assert "model profile: where a step spends its time" in capsys.readouterr().out
+    rows = read_csv(tmp_path / "model_profile.csv")
+    assert {(r["model"], r["size"], r["variant"], r["kernel"]) for r in rows} == {
+        ("pvt:size=b0", "64x32", "linear", "auto")  # the profiled size only
+    }
+    assert len(rows) == 41 and rows[-1]["name"] == "other"  # the top 40 ops, then the rest
+    times = [float(row["self_ms"]) for row in rows[:-1]]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    assert all(int(row["calls"]) >= 1 for row in rows)
+    assert sum(float(row["share"]) for row in rows) == pytest.approx(1.0)
+
+
+def test_a_profile_size_that_is_not_timed_is_one_line(tmp_path, capsys):
+    argv = ["model", *CPU, "image_sizes=[32]", "profile=true", "profile_size=64", f"out={tmp_path / 'out'}"]
+    assert main(argv) == 2
+    error = "python -m segattn.bench model: profile_size=64: not one of image_sizes=[32]\n"
+    assert capsys.readouterr().err == error
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

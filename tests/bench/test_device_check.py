@@ -5,8 +5,10 @@ run (`DRY_RUN=1 make device-check`, docs/performance.md "The device script"): mi
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +59,11 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "model.csv").write_text(
         "model,dtype,size,batch,variant,seconds,status,note\n"
-        "pvt:size=b0,bf16,4096,1,linear,0.05,ok,\n"
-        "pvt:size=b0,bf16,8192,1,linear,0.3,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@auto,0.05,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@triton,0.0625,ok,\n"
+        "pvt:size=b0,bf16,4096,1,sra,0.2,ok,\n"
+        "pvt:size=b0,bf16,8192,1,linear@auto,0.3,ok,\n"
+        "pvt:size=b0,bf16,8192,1,linear@triton,0.1,ok,\n"
         "pvt:size=b0,bf16,8192,1,sra,1.5,ok,\n"
     )
     (tmp_path / "maxres").mkdir()
@@ -71,7 +76,23 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
         "torch,4288x2848,4,,bf16,network,,failed,CUDA out of memory\n"
     )
     (tmp_path / "steps.txt").write_text(
-        "kernel_tests: exit 0 after 30 s (limit 45 s)\nop: exit 124 after 40 s (limit 40 s)\n"
+        "collect_tests: exit 0 after 9 s (limit 20 s)\ncuda_tests: exit 124 after 150 s (limit 150 s)\n"
+        "op: exit 124 after 30 s (limit 30 s)\n"
+    )
+    (tmp_path / "collect_tests.log").write_text(
+        "tests/a/test_ops.py::test_x[1]\ntests/a/test_ops.py::test_x[2]\ntests/a/test_ops.py::test_y\n"
+        "tests/b/test_loss.py::test_z\ntests/b/test_cut.py::test_1\ntests/b/test_cut.py::test_2\n"
+        "tests/c/test_skip.py::test_gpu\ntests/c/test_skip.py::test_cpu\n\n9 tests collected in 3.1s\n"
+    )
+    (tmp_path / "cuda_tests.log").write_text(  # pytest -v under xdist, cut before its -rA summary
+        "8 workers [9 items]\n"
+        "[gw0] [ 11%] PASSED tests/a/test_ops.py::test_x[1] \n"
+        "[gw1] [ 22%] PASSED tests/b/test_loss.py::test_z \n"
+        "[gw0] [ 33%] FAILED tests/a/test_ops.py::test_x[2] \n"
+        "[gw2] [ 44%] SKIPPED tests/c/test_skip.py::test_cpu \n"
+        "[gw2] [ 55%] PASSED tests/c/test_skip.py::test_gpu \n"
+        "[gw0] [ 66%] PASSED tests/a/test_ops.py::test_y \n"
+        "[gw3] [ 77%] PASSED tests/b/test_cut.py::test_1 \n"
     )
     lines = subprocess.run(
         [sys.executable, str(REPO / ".ci/device-summary"), str(tmp_path)],
@@ -79,15 +100,23 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
         capture_output=True,
         text=True,
     ).stdout.splitlines()
-    assert lines[0] == "pvt-b0 linear 4096² training step <= 60 ms: met (50.0 ms)"
+    assert lines[0] == "pvt-b0 linear 4096² training step <= 60 ms: met (50.0 ms)"  # the auto row
     assert lines[1] == "linear >= 4x faster than sra at 8192²: met (5.00x: linear 0.300 s, sra 1.500 s)"
     assert lines[2] == (
         "one linear layer at 262144 tokens, forward+backward <= 1 ms: not measured: no linear 262144-token "
-        "row (op: exit 124 after 40 s (limit 40 s))"
+        "row (op: exit 124 after 30 s (limit 30 s))"
     )
     assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², limited by oom)"
-    assert lines[4] == "CUDA tests kernel_tests: passed"
-    assert lines[5] == "CUDA tests op_tests: not passed (not run)"
+    assert lines[4] == (
+        "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
+        "triton 62.5 ms"
+    )
+    assert lines[5:9] == [
+        "CUDA tests tests/a/test_ops.py: failed (test_x[2])",
+        "CUDA tests tests/b/test_loss.py: passed",
+        "CUDA tests tests/b/test_cut.py: not finished: 1 of 2 tests reported before the cut",
+        "CUDA tests tests/c/test_skip.py: passed (1 skipped)",
+    ]
     assert lines[-2] == (
         "predict pvt-b0 bf16, JPEG files to PNG masks >= 10 images/s (issue 40): not met (4.0 images/s at "
         "4288x2848, batch 4, 4 workers)"
@@ -97,17 +126,36 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
 
 
+def test_the_summary_says_why_the_cuda_tests_did_not_run(tmp_path):
+    (tmp_path / "steps.txt").write_text("collect_tests: not run, 5 s left of the 480 s deadline\n")
+    summary = [sys.executable, str(REPO / ".ci/device-summary"), str(tmp_path)]
+    lines = subprocess.run(summary, check=True, capture_output=True, text=True).stdout.splitlines()
+    assert "CUDA tests: not run (collect_tests: not run, 5 s left of the 480 s deadline)" in lines
+    assert lines[0] == (
+        "pvt-b0 linear 4096² training step <= 60 ms: not measured: no linear 4096² row (model: not run)"
+    )
+
+
 @pytest.mark.slow
 def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
-    """The device script's CPU form at tiny sizes, its benchmark steps only: each writes its rows and the
-    summary judges each target from them (met or not met, never 'not measured')."""
-    env = {**os.environ, "DRY_RUN": "1", "ONLY": "model,op,maxres", "RESULTS": str(tmp_path)}
+    """The device script's CPU form at tiny sizes, its benchmark steps and the CUDA tests' collection: each
+    writes its rows and the summary judges each target from them (met or not met, never 'not measured'),
+    gives the step on both kernel paths, and a line per test file, collected."""
+    only = "collect_tests,cuda_tests,model,op,maxres"
+    env = {**os.environ, "DRY_RUN": "1", "ONLY": only, "RESULTS": str(tmp_path)}
     subprocess.run(
-        ["bash", str(REPO / ".ci/device-check")], check=True, env=env, capture_output=True, timeout=600
+        ["bash", str(REPO / ".ci/device-check")], check=True, env=env, capture_output=True, timeout=900
     )
     steps = (tmp_path / "steps.txt").read_text()
-    for step in ("model", "op", "maxres"):
+    for step in only.split(","):
         assert f"{step}: exit 0 " in steps, steps
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
+    assert re.fullmatch(r".*by kernel path .*: auto [\d.]+ ms, torch [\d.]+ ms", summary[4]), summary
+    tests = [line for line in summary if line.startswith("CUDA tests ")]
+    assert len(tests) == 10, tests
+    assert all(re.search(r": collected, not run \(\d+ tests\)$", line) for line in tests), tests
+    with (tmp_path / "model/model_profile.csv").open() as profile:
+        profiled = {row["size"] for row in csv.DictReader(profile)}
+    assert profiled == {"64"}  # the step size only
     assert json.loads((tmp_path / "environment.json").read_text())["project_pins"]["torch"] == "2.14.1"
