@@ -106,7 +106,7 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
         "one linear layer at 262144 tokens, forward+backward <= 1 ms: not measured: no linear 262144-token "
         "row (op: exit 124 after 30 s (limit 30 s))"
     )
-    assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², limited by oom)"
+    assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², linear, limited by oom)"
     assert lines[4] == (
         "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
         "triton 62.5 ms"
@@ -153,7 +153,7 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
     assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
     assert re.fullmatch(r".*by kernel path .*: auto [\d.]+ ms, torch [\d.]+ ms", summary[4]), summary
     tests = [line for line in summary if line.startswith("CUDA tests ")]
-    assert len(tests) == 10, tests
+    assert len(tests) == 11, tests
     assert all(re.search(r": collected, not run \(\d+ tests\)$", line) for line in tests), tests
     with (tmp_path / "model/model_profile.csv").open() as profile:
         profiled = {row["size"] for row in csv.DictReader(profile)}
