@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from reliability_fixtures import BASE, compose_run
 from train_overrides import TINY_MODEL, tiny_pvt
 
+from segattn.layers import kernel_backend
 from segattn.training import run as train
 from segattn.training.chunked_loss import bilinear_rows, chunked_seg_loss
 from segattn.training.losses import SegLoss
@@ -143,6 +144,7 @@ def test_training_losses_match_with_and_without_chunks(aux) -> None:
         model.zero_grad()
         holder = type("Holder", (), {})()
         holder.model, holder.criterion = model, SegLoss(3, dice=1.0, chunk_rows=chunk_rows).double()
+        holder.kernel_backend = kernel_backend()  # what SegmentationModule reads when it is built
         loss, aux_loss = SegmentationModule.head_losses(holder, images, masks)
         assert (aux_loss is not None) == aux
         (loss + (aux_loss if aux else 0)).backward()
