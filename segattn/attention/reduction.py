@@ -25,7 +25,7 @@ class ReducedKeysAttention(AttentionBase):
         self.sr_ratio = sr_ratio
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = LayerNorm(dim)
+            self.norm = LayerNorm(dim, feeds_matmul=True)  # into the key/value projection
 
     def reduced_hw(self, hw: HW) -> HW:
         """The key/value grid: (H, W) at R = 1, else (⌊H/R⌋, ⌊W/R⌋) as the stride-R conv makes it."""

@@ -135,15 +135,15 @@ class Block(Checkpointable):
         mlp: nn.Module,
         drop_path: float = 0.0,
         init_values: float | None = None,
-        norm_layer: Callable[[int], nn.Module] = LayerNorm,
+        norm_layer: Callable[..., nn.Module] = LayerNorm,
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False
-        self.norm1 = norm_layer(dim)
+        self.norm1 = norm_layer(dim, feeds_matmul=True)
         self.attn = attn
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
+        self.norm2 = norm_layer(dim, feeds_matmul=True)
         self.mlp = mlp
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()

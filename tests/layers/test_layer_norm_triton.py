@@ -109,3 +109,14 @@ def test_layer_norm_module_takes_the_operator_under_triton_only(monkeypatch: pyt
     assert counter.frame_count == 1
     exported = torch.export.export(norm, (x,))
     assert "segattn" not in str(exported.graph)
+
+
+def test_under_autocast_only_a_norm_feeding_a_matmul_writes_the_autocast_dtype() -> None:
+    """A block's pre-norm writes what its matmul reads (bf16); a norm that starts a residual stream keeps
+    autocast's own LayerNorm dtype (the input's on the CPU, fp32 on CUDA); outside autocast, the input's."""
+    x = torch.zeros(2, 8, device=DEVICE)
+    autocasts_own = torch.float32 if DEVICE.type == "cuda" else torch.bfloat16  # for a bf16 input
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        assert LayerNorm(8, feeds_matmul=True).out_dtype(x) == torch.bfloat16
+        assert LayerNorm(8).out_dtype(x.bfloat16()) == autocasts_own
+    assert LayerNorm(8, feeds_matmul=True).out_dtype(x) == torch.float32
