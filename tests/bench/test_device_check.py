@@ -106,7 +106,9 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
         "one linear layer at 262144 tokens, forward+backward <= 1 ms: not measured: no linear 262144-token "
         "row (op: exit 124 after 30 s (limit 30 s))"
     )
-    assert lines[3] == "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², linear, limited by oom)"
+    assert lines[3] == (
+        "largest pvt-b0 linear image in the budget >= 6144²: not met (5120², linear, limited by oom)"
+    )
     assert lines[4] == (
         "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
         "triton 62.5 ms"
