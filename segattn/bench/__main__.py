@@ -129,14 +129,15 @@ def models(listed: list[Any]) -> list[Spec]:
 
 
 def kernels(listed: list[str], device: torch.device, tunings: bool) -> list[str]:
-    """``kernels``: SEGATTN_KERNEL values (auto, torch, triton; with ``tunings``, ``triton:BxWxP`` too).
-    Triton runs on a CUDA device, or anywhere under TRITON_INTERPRET=1."""
+    """``kernels``: SEGATTN_KERNEL values (auto, torch, triton, an opt-in form's name; with ``tunings``,
+    ``triton:BxWxP`` too). Triton runs on a CUDA device, or anywhere under TRITON_INTERPRET=1."""
     from ..attention.triton.launch import Tuning
+    from ..layers.fast_path import KERNEL_BACKENDS
 
     for kernel in listed:
         backend, _, tuning = str(kernel).partition(":")
-        if backend not in ("auto", "torch", "triton") or (tuning and (backend != "triton" or not tunings)):
-            expected = "auto, torch, triton or triton:BxWxP" if tunings else "auto, torch or triton"
+        if backend not in KERNEL_BACKENDS or (tuning and (backend != "triton" or not tunings)):
+            expected = ", ".join(KERNEL_BACKENDS) + (" or triton:BxWxP" if tunings else "")
             raise ConfigError(f"kernels={kernel!r}: expected {expected}")
         if tuning:
             try:

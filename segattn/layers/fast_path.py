@@ -8,8 +8,10 @@ The settings are read when a module is built (``kernel_backend``), so it keeps i
 outside a module reads them at each call. ``SEGATTN_FUSED=0``: the plain formulas everywhere (to rule the
 hand-written backward passes in or out, or time them). ``SEGATTN_KERNEL``: ``auto`` (default) gives CUDA
 tensors the Triton kernels that a GPU run has measured faster than their PyTorch path (the attention cores)
-when triton is installed, ``torch`` never, ``triton`` every one (Mix-FFN's conv + GELU and the fused loss too:
-on an H200 their backward kernels were slower than the step they save bytes in; docs/performance.md).
+when triton is installed, ``torch`` never, ``triton`` every one, and the name of one opt-in form
+(``OPT_IN``: Mix-FFN's conv + GELU, LayerNorm, the fused loss; on an H200 the first and last were slower
+than the PyTorch ops they replace, docs/performance.md) ``auto`` plus that one, so that a GPU run can time
+each against ``auto`` alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
 KERNEL_ENV = "SEGATTN_KERNEL"  # "auto" (default), "torch" or "triton"
-KERNEL_BACKENDS = ("auto", "torch", "triton")
+OPT_IN = ("mix_ffn", "layer_norm", "loss")  # Triton forms "auto" leaves out until a GPU run times them faster
+KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,12 +63,15 @@ def functions_enabled() -> bool:
 
 def kernel_backend() -> str:
     """The fast path a module takes, read once when it is built: "plain" under SEGATTN_FUSED=0, else
-    SEGATTN_KERNEL as "auto" (unset or empty), "torch" or "triton". Another SEGATTN_KERNEL value is a
-    ValueError; "triton" without triton installed, or without a CUDA device and TRITON_INTERPRET=1, is a
-    RuntimeError naming the setting."""
+    SEGATTN_KERNEL as "auto" (unset or empty), "torch", "triton" or an ``OPT_IN`` name. Another
+    SEGATTN_KERNEL value is a ValueError; "triton" without triton installed, or without a CUDA device and
+    TRITON_INTERPRET=1, is a RuntimeError naming the setting."""
     value = os.environ.get(KERNEL_ENV, "") or "auto"
     if value not in KERNEL_BACKENDS:
-        raise ValueError(f"{KERNEL_ENV}={value!r}; expected auto (the default), torch or triton")
+        raise ValueError(
+            f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton, or one of "
+            f"{', '.join(OPT_IN)} (auto and that Triton form)"
+        )
     if not functions_enabled():
         return PLAIN
     if value == "triton" and not triton_installed():
@@ -111,7 +117,7 @@ def choose_path(
     widening: int = 1,
     function: bool = True,
     whole_image: bool = False,
-    triton_by_default: bool = True,
+    opt_in: str | None = None,
 ) -> str:
     """The path of one call on ``x`` (q, or any input: its device and dtype decide) under ``backend`` (the
     module's ``kernel_backend``; None: the environment now): TRITON, FUNCTION or PLAIN.
@@ -120,8 +126,8 @@ def choose_path(
     core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel,
     pola's 2), ``function`` (a PyTorch Function), ``whole_image`` (a sum or max over all tokens that the
     fast forms cannot split: PLAIN on a band of a split image, ``segattn.parallel``; the others sum their
-    token summaries over the bands), ``triton_by_default`` (False: a Triton form no GPU run has measured
-    faster than the PyTorch path, which only "triton" takes).
+    token summaries over the bands), ``opt_in`` (its ``OPT_IN`` name: a Triton form that "auto" leaves out,
+    which "triton" and its own name take).
 
     TRITON: "auto" takes CUDA tensors of fp32/bf16/fp16 with head_dim·widening up to ``MAX_HEAD_DIM`` when
     triton is installed; "triton" every such tensor, on the CPU only under TRITON_INTERPRET=1, and wider
@@ -132,9 +138,7 @@ def choose_path(
     """
     if whole_image and tokens_split():
         return PLAIN
-    backend = kernel_backend() if backend is None else backend
-    if backend == "auto" and not triton_by_default:
-        backend = "torch"
+    backend = auto_for(kernel_backend() if backend is None else backend, opt_in)
     if triton_head_dim is not None and takes_triton(backend, x, triton_head_dim, widening):
         return TRITON
     if not function or exporting() or torch.compiler.is_compiling():  # compiled code never reads the env
@@ -142,14 +146,23 @@ def choose_path(
     return FUNCTION if backend != PLAIN else PLAIN
 
 
+def auto_for(backend: str, opt_in: str | None) -> str:
+    """``backend`` as a core named ``opt_in`` (None: a core "auto" takes) reads it: an ``OPT_IN`` name is
+    "auto" for its own core and for the others "auto" takes, "torch" for the other opt-in cores; "auto" is
+    "torch" for an opt-in core."""
+    if backend in OPT_IN:
+        return "auto" if opt_in in (None, backend) else "torch"
+    return "torch" if backend == "auto" and opt_in is not None else backend
+
+
 def loss_path(backend: str, x: Tensor, classes: int) -> str:
     """The training loss's path under ``backend`` (the module's ``kernel_backend``) for ``x`` (the images;
     their device and dtype decide): TRITON, the fused upsampling and loss operator (``training.fused_loss``,
-    taken under SEGATTN_KERNEL=triton only), where ``choose_path`` gives heads as wide as ``classes`` the
+    under SEGATTN_KERNEL=triton or loss), where ``choose_path`` gives heads as wide as ``classes`` the
     Triton kernels; else PLAIN. More classes than the kernels' widest heads: PLAIN."""
     if classes > MAX_HEAD_DIM:
         return PLAIN
-    path = choose_path(backend, x, triton_head_dim=classes, function=False, triton_by_default=False)
+    path = choose_path(backend, x, triton_head_dim=classes, function=False, opt_in="loss")
     return TRITON if path == TRITON else PLAIN
 
 

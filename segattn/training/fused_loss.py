@@ -8,7 +8,7 @@ are made of: [cross-entropy sum, weight sum, Dice intersection (K), prediction (
 Its backward operator ``segattn::seg_loss_sums_backward`` recomputes the softmax at each pixel and writes
 ∂logits at the logits' own resolution (``loss_kernels``); nothing but the inputs is kept for backward.
 Lovász and OHEM rank all pixels at once and keep the upsampled path (``SegLoss.sums_over_pixels``);
-which calls take this path is ``layers.loss_path``'s decision (SEGATTN_KERNEL=triton only: on an H200 its
+which calls take this path is ``layers.loss_path``'s decision (SEGATTN_KERNEL=triton or loss: on an H200 its
 backward was slower than the upsampled loss it replaces; docs/performance.md).
 """
 

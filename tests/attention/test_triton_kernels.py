@@ -358,7 +358,9 @@ def record(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Functi
     return calls
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, "auto"), ("", "auto"), ("torch", "torch")])
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, "auto"), ("", "auto"), ("torch", "torch"), ("layer_norm", "layer_norm")]
+)
 def test_kernel_backend_reads_the_setting(
     monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str
 ) -> None:
@@ -371,7 +373,8 @@ def test_kernel_backend_reads_the_setting(
 
 def test_kernel_backend_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KERNEL_ENV, "cuda")
-    with pytest.raises(ValueError, match=r"SEGATTN_KERNEL='cuda'; expected auto .*, torch or triton"):
+    expected = r"SEGATTN_KERNEL='cuda'; expected auto .*, torch, triton, or one of mix_ffn, layer_norm, loss"
+    with pytest.raises(ValueError, match=expected):
         kernel_backend()
 
 

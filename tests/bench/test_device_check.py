@@ -60,10 +60,15 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     (tmp_path / "model" / "model.csv").write_text(
         "model,dtype,size,batch,variant,seconds,status,note\n"
         "pvt:size=b0,bf16,4096,1,linear@auto,0.05,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@mix_ffn,0.045,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@loss,0.0495,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@triton,0.0625,ok,\n"
         "pvt:size=b0,bf16,4096,1,sra,0.2,ok,\n"
-        "pvt:size=b0,bf16,8192,1,linear@auto,0.3,ok,\n"
-        "pvt:size=b0,bf16,8192,1,linear@triton,0.1,ok,\n"
+    )
+    (tmp_path / "ratio").mkdir()
+    (tmp_path / "ratio" / "model.csv").write_text(  # one kernel path: unlabelled
+        "model,dtype,size,batch,variant,seconds,status,note\n"
+        "pvt:size=b0,bf16,8192,1,linear,0.3,ok,\n"
         "pvt:size=b0,bf16,8192,1,sra,1.5,ok,\n"
     )
     (tmp_path / "maxres").mkdir()
@@ -111,9 +116,15 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     assert lines[4] == (
         "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
-        "triton 62.5 ms"
+        "mix_ffn 45.0 ms, loss 49.5 ms, triton 62.5 ms"
     )
-    assert lines[5:9] == [
+    criterion = "at 4096² (joins auto when >= 2% faster than auto in the same run)"
+    assert lines[5:8] == [
+        f"opt-in mix_ffn {criterion}: joins auto (45.0 ms against 50.0 ms, +10.0%)",
+        f"opt-in layer_norm {criterion}: not measured (no row)",
+        f"opt-in loss {criterion}: stays opt-in (49.5 ms against 50.0 ms, +1.0%)",
+    ]
+    assert lines[8:12] == [
         "CUDA tests tests/a/test_ops.py: failed (test_x[2])",
         "CUDA tests tests/b/test_loss.py: passed",
         "CUDA tests tests/b/test_cut.py: not finished: 1 of 2 tests reported before the cut",
@@ -142,8 +153,8 @@ def test_the_summary_says_why_the_cuda_tests_did_not_run(tmp_path):
 def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
     """The device script's CPU form at tiny sizes, its benchmark steps and the CUDA tests' collection: each
     writes its rows and the summary judges each target from them (met or not met, never 'not measured'),
-    gives the step on both kernel paths, and a line per test file, collected."""
-    only = "collect_tests,cuda_tests,model,op,maxres"
+    gives the step on each kernel path with the opt-in form's verdict, and a line per test file, collected."""
+    only = "collect_tests,cuda_tests,model,ratio,op,maxres"
     env = {**os.environ, "DRY_RUN": "1", "ONLY": only, "RESULTS": str(tmp_path)}
     subprocess.run(
         ["bash", str(REPO / ".ci/device-check")], check=True, env=env, capture_output=True, timeout=900
@@ -153,7 +164,9 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
         assert f"{step}: exit 0 " in steps, steps
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
-    assert re.fullmatch(r".*by kernel path .*: auto [\d.]+ ms, torch [\d.]+ ms", summary[4]), summary
+    assert re.fullmatch(r".*by kernel path .*: auto [\d.]+ ms, loss [\d.]+ ms, torch [\d.]+ ms", summary[4])
+    verdicts = [line for line in summary if line.startswith("opt-in loss ")]
+    assert re.fullmatch(r"opt-in loss .*: (joins auto|stays opt-in) \(.*\)", verdicts[0]), summary
     tests = [line for line in summary if line.startswith("CUDA tests ")]
     assert len(tests) == 11, tests
     assert all(re.search(r": collected, not run \(\d+ tests\)$", line) for line in tests), tests

@@ -105,24 +105,27 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
-def test_a_gpus_default_leaves_mix_ffn_and_the_loss_kernels_to_segattn_kernel_triton(monkeypatch):
-    """``auto`` gives a GPU the attention operators only; SEGATTN_KERNEL=triton adds Mix-FFN's conv + GELU
-    and the fused loss (no GPU run has timed them faster than the PyTorch paths)."""
+def test_a_gpus_default_leaves_the_opt_in_kernels_to_their_names_and_triton(monkeypatch):
+    """``auto`` gives a GPU the attention operators only; SEGATTN_KERNEL=<name> adds that one opt-in form
+    (Mix-FFN's conv + GELU, LayerNorm, the fused loss), ``triton`` all of them."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
+    opt_in = {
+        "mix_ffn": "segattn.depthwise_conv_gelu",
+        "layer_norm": "segattn.layer_norm",
+        "loss": "segattn.seg_loss_sums",
+    }
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
-    operators = {}
-    for kernel in ("auto", "triton"):
+    for kernel in ("auto", *opt_in, "triton"):
         monkeypatch.setenv(KERNEL_ENV, kernel)
         with paths_of_a_gpu():
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
-        operators[kernel] = {op for op, _ in step.by_op if op.startswith("segattn.")}
-    opt_in = {"segattn.depthwise_conv_gelu", "segattn.seg_loss_sums"}
-    assert "segattn.kernel_attention" in operators["auto"]
-    assert not opt_in & operators["auto"]
-    assert opt_in <= operators["triton"]
+        operators = {op for op, _ in step.by_op if op.startswith("segattn.")}
+        assert "segattn.kernel_attention" in operators, kernel
+        expected = set(opt_in.values()) if kernel == "triton" else {opt_in.get(kernel)} - {None}
+        assert operators & set(opt_in.values()) == expected, kernel
 
 
 class Doubled(torch.autograd.Function):
@@ -191,3 +194,11 @@ def test_a_traffic_key_out_of_range_is_refused_before_the_out_dir(tmp_path, caps
         "bf16-mixed, 32-true"
     )
     assert not out.exists()
+
+
+def test_the_traffic_kernel_key_takes_every_segattn_kernel_value():
+    """conf/bench/traffic.yaml's ``kernel`` rule lists fast_path's values (config/ imports no torch)."""
+    from segattn.config.checks import SCHEMAS
+    from segattn.layers.fast_path import KERNEL_BACKENDS
+
+    assert SCHEMAS["bench/traffic"].rules["kernel"][0] == f"one of {', '.join(KERNEL_BACKENDS)}"

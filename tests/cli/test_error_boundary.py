@@ -131,7 +131,12 @@ def test_a_refusal_is_one_line_before_anything_is_written(
 @pytest.mark.parametrize(
     ("value", "cuda", "expected"),
     [
-        ("nonsense", False, "SEGATTN_KERNEL='nonsense'; expected auto (the default), torch or triton"),
+        (
+            "nonsense",
+            False,
+            "SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, or one of mix_ffn, "
+            "layer_norm, loss (auto and that Triton form)",
+        ),
         ("triton", False, "SEGATTN_KERNEL=triton"),  # needs CUDA or TRITON_INTERPRET=1 (or is not installed)
     ],
 )
