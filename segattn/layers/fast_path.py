@@ -29,7 +29,7 @@ from torch import Tensor
 from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
-KERNEL_ENV = "SEGATTN_KERNEL"  # "auto" (default), "torch" or "triton"
+KERNEL_ENV = "SEGATTN_KERNEL"  # one of KERNEL_BACKENDS; "auto" by default
 OPT_IN = ("mix_ffn", "layer_norm", "loss")  # Triton forms "auto" leaves out until a GPU run times them faster
 KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
