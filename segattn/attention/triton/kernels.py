@@ -168,22 +168,9 @@ def forward_kernel(
             rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
             rows_ok = rows < M
             row_a, row_b, col_a, col_b, _ = load_map_stats(
-                k_row_ptr,
-                col_ptr,
-                b,
-                bh,
-                h,
-                M,
-                d,
-                rows,
-                rows_ok,
-                cols,
-                cols_ok,
-                col_bh,
-                col_h,
-                col_row,
-                K_KIND,
-            )
+                k_row_ptr, col_ptr, b, bh, h, M, d,
+                rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, K_KIND,
+            )  # fmt: skip
             x = load_input(k_base, rows, rows_ok, cols, cols_ok, skn, skc, d, K_KIND)
             phi = feature_map(x, rows_ok, cols_ok, K_KIND, k_scale, k_eps, power, row_a, row_b, col_a, col_b)
             values = load_block(v_base, rows, rows_ok, vcols, vcols_ok, svn, svc)
@@ -256,22 +243,9 @@ def backward_kernel(
             rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
             rows_ok = rows < N
             row_a, row_b, col_a, col_b, col_c = load_map_stats(
-                q_row_ptr,
-                col_ptr,
-                b,
-                bh,
-                h,
-                N,
-                d,
-                rows,
-                rows_ok,
-                cols,
-                cols_ok,
-                col_bh,
-                col_h,
-                col_row,
-                Q_KIND,
-            )
+                q_row_ptr, col_ptr, b, bh, h, N, d,
+                rows, rows_ok, cols, cols_ok, col_bh, col_h, col_row, Q_KIND,
+            )  # fmt: skip
             x = load_input(q_base, rows, rows_ok, cols, cols_ok, sqn, sqc, d, Q_KIND)
             phi = feature_map(x, rows_ok, cols_ok, Q_KIND, q_scale, q_eps, power, row_a, row_b, col_a, col_b)
             grad = load_block(g_base, rows, rows_ok, vcols, vcols_ok, sgn, sgc)
