@@ -17,7 +17,9 @@ with an overview PNG (``segattn.inference.raster_predict``), so its size is not 
 
 from __future__ import annotations
 
+import os
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +37,8 @@ from .inference.trained import TrainedModel, is_onnx, open_model
 
 if TYPE_CHECKING:
     from .tiling import SlideSettings
+
+MAX_WRITERS = 8  # threads writing masks and overlays at most (``writer_threads``)
 
 
 def streams(path: Path, args: DictConfig) -> bool:
@@ -128,17 +132,22 @@ def decoded(files: list[Path], num_workers: int) -> Iterator[np.ndarray | str]:
 
 def write_outputs(
     model: TrainedModel,
-    done: list[tuple[Path, np.ndarray, np.ndarray]],
+    path: Path,
+    rgb: np.ndarray,
+    mask: np.ndarray,
     out: Path,
     alpha: float,
     drawn: list[int],
 ) -> None:
-    """The mask and overlay (the ``drawn`` classes coloured) of each (file, RGB image, mask) of ``done``."""
-    for path, rgb, mask in done:
-        save_mask(mask, out / "masks" / f"{path.stem}.png")
-        save_rgb(
-            overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png"
-        )
+    """The mask and overlay (the ``drawn`` classes coloured) of ``path``'s RGB image."""
+    save_mask(mask, out / "masks" / f"{path.stem}.png")
+    save_rgb(overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png")
+
+
+def writer_threads() -> int:
+    """Threads encoding masks and overlays (Pillow's encoders release the GIL; a 12-megapixel overlay PNG
+    takes over a second to encode): half the cores, from 1 to ``MAX_WRITERS``."""
+    return max(1, min(MAX_WRITERS, (os.cpu_count() or 2) // 2))
 
 
 def predict_files(
@@ -152,11 +161,13 @@ def predict_files(
 ) -> tuple[int, list[tuple[Path, str]]]:
     """Write the mask and overlay (the ``drawn`` classes coloured) of every readable file; returns (written
     count, [(file, reason) for skipped files]). ``model.predict`` takes ``inference.batch_size`` consecutive
-    images at a time (batched by size); a thread writes each batch while the next runs."""
+    images at a time (batched by size) while ``writer_threads`` write the images before them, at most that
+    many images waiting (memory stays bounded)."""
     batch_size = model.settings(**inference)["batch_size"] or 1
     written, failed, batch = 0, [], []
-    pending: Future[None] | None = None
-    with ThreadPoolExecutor(max_workers=1) as writer:
+    pending: deque[Future[None]] = deque()
+    writers = writer_threads()
+    with ThreadPoolExecutor(max_workers=writers) as writer:
         for number, (path, image) in enumerate(
             zip(progress(files, "segmenting"), decoded(files, num_workers), strict=True)
         ):
@@ -167,13 +178,13 @@ def predict_files(
                 batch.append((path, image))
             if batch and (len(batch) == batch_size or number == len(files) - 1):
                 masks = model.predict([rgb for _, rgb in batch], **inference)
-                if pending is not None:
-                    pending.result()  # one batch written while the next runs: memory stays at two batches
-                done = [(path, rgb, mask) for (path, rgb), mask in zip(batch, masks, strict=True)]
-                pending = writer.submit(write_outputs, model, done, out, alpha, drawn)
+                while len(pending) > writers:
+                    pending.popleft().result()
+                for (done, rgb), mask in zip(batch, masks, strict=True):
+                    pending.append(writer.submit(write_outputs, model, done, rgb, mask, out, alpha, drawn))
                 written, batch = written + len(batch), []
-        if pending is not None:
-            pending.result()
+        for future in pending:
+            future.result()
     return written, failed
 
 

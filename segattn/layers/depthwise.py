@@ -43,12 +43,10 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = 
 
 def depthwise_conv_gelu(tokens: Tensor, hw: HW, conv: torch.nn.Conv2d, backend: str | None = None) -> Tensor:
     """Exact GELU of the 3×3 depthwise ``conv`` of [B, N, C] ``tokens`` on their ``hw`` grid, as [B, N, C]
-    tokens: Mix-FFN's middle. Where ``choose_path`` gives TRITON (SEGATTN_KERNEL=triton or mix_ffn), one
+    tokens: Mix-FFN's middle. Where ``choose_path`` gives TRITON (CUDA tensors by default), one
     operator that reads the tokens in place and keeps only them for backward (``depthwise_triton``); else
     ``depthwise_conv`` then GELU."""
-    path = choose_path(  # whole: the halos
-        backend, tokens, triton_head_dim=1, function=False, whole_image=True, opt_in="mix_ffn"
-    )
+    path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True)  # whole: halos
     if path == TRITON and conv.kernel_size == (3, 3) and conv.bias is not None:  # any C: channels are tiled
         from . import depthwise_triton  # noqa: F401  (imports triton; registers segattn::depthwise_conv_gelu)
 

@@ -7,11 +7,10 @@ alone. Same values within float rounding.
 The settings are read when a module is built (``kernel_backend``), so it keeps its path; a functional call
 outside a module reads them at each call. ``SEGATTN_FUSED=0``: the plain formulas everywhere (to rule the
 hand-written backward passes in or out, or time them). ``SEGATTN_KERNEL``: ``auto`` (default) gives CUDA
-tensors the Triton kernels that a GPU run has measured faster than their PyTorch path (the attention cores)
-when triton is installed, ``torch`` never, ``triton`` every one, and the name of one opt-in form
-(``OPT_IN``: Mix-FFN's conv + GELU, LayerNorm, the fused loss; on an H200 the first and last were slower
-than the PyTorch ops they replace, docs/performance.md) ``auto`` plus that one, so that a GPU run can time
-each against ``auto`` alone.
+tensors the Triton kernels that a GPU run has measured faster than their PyTorch path (the attention cores,
+Mix-FFN's conv + GELU, LayerNorm) when triton is installed, ``torch`` never, ``triton`` every one, and the
+name of an opt-in form (``OPT_IN``: the fused loss, slower than the PyTorch loss on an H200,
+docs/performance.md) ``auto`` plus that one, so that a GPU run can time it against ``auto`` alone.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
 KERNEL_ENV = "SEGATTN_KERNEL"  # one of KERNEL_BACKENDS; "auto" by default
-OPT_IN = ("mix_ffn", "layer_norm", "loss")  # Triton forms "auto" leaves out until a GPU run times them faster
+OPT_IN = ("loss",)  # Triton forms "auto" leaves out until a GPU run times them faster
 KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take
@@ -69,8 +68,8 @@ def kernel_backend() -> str:
     value = os.environ.get(KERNEL_ENV, "") or "auto"
     if value not in KERNEL_BACKENDS:
         raise ValueError(
-            f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton, or one of "
-            f"{', '.join(OPT_IN)} (auto and that Triton form)"
+            f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton or "
+            f"{' or '.join(OPT_IN)} (auto and that Triton form)"
         )
     if not functions_enabled():
         return PLAIN

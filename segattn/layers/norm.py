@@ -12,8 +12,8 @@ MAX_CHANNELS = 1024  # the widest rows the Triton operator's tile holds
 
 class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` over the last axis (same parameters, state_dict and values) that runs as one Triton
-    operator where ``choose_path`` gives it (``kernel_backend``, read when built; under SEGATTN_KERNEL
-    triton or layer_norm, until a GPU run has timed it): ``layer_norm_triton``.
+    operator where ``choose_path`` gives it (``kernel_backend``, read when built; CUDA tensors by default):
+    ``layer_norm_triton``.
 
     Its output dtype under autocast is autocast's own (fp32 on CUDA, where LayerNorm is on autocast's fp32
     list; the input's on the CPU), except with ``feeds_matmul``: a norm read only by a matmul or conv (a
@@ -50,5 +50,5 @@ class LayerNorm(nn.LayerNorm):
         weight and bias, on ``choose_path``'s Triton path."""
         shaped = len(self.normalized_shape) == 1 and self.normalized_shape[0] <= MAX_CHANNELS
         affine = self.weight is not None and self.bias is not None
-        path = choose_path(self.kernel_backend, x, triton_head_dim=1, function=False, opt_in="layer_norm")
+        path = choose_path(self.kernel_backend, x, triton_head_dim=1, function=False)
         return shaped and affine and path == TRITON

@@ -359,7 +359,7 @@ def record(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Functi
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(None, "auto"), ("", "auto"), ("torch", "torch"), ("layer_norm", "layer_norm")]
+    ("value", "expected"), [(None, "auto"), ("", "auto"), ("torch", "torch"), ("loss", "loss")]
 )
 def test_kernel_backend_reads_the_setting(
     monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str
@@ -373,7 +373,7 @@ def test_kernel_backend_reads_the_setting(
 
 def test_kernel_backend_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KERNEL_ENV, "cuda")
-    expected = r"SEGATTN_KERNEL='cuda'; expected auto .*, torch, triton, or one of mix_ffn, layer_norm, loss"
+    expected = r"SEGATTN_KERNEL='cuda'; expected auto .*, torch, triton or loss \(auto and that Triton form\)"
     with pytest.raises(ValueError, match=expected):
         kernel_backend()
 

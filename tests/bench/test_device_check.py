@@ -60,7 +60,7 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     (tmp_path / "model" / "model.csv").write_text(
         "model,dtype,size,batch,variant,seconds,status,note\n"
         "pvt:size=b0,bf16,4096,1,linear@auto,0.05,ok,\n"
-        "pvt:size=b0,bf16,4096,1,linear@mix_ffn,0.045,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@torch,0.045,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@loss,0.0495,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@triton,0.0625,ok,\n"
         "pvt:size=b0,bf16,4096,1,sra,0.2,ok,\n"
@@ -86,13 +86,14 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     (tmp_path / "collect_tests.log").write_text(
         "tests/a/test_ops.py::test_x[1]\ntests/a/test_ops.py::test_x[2]\ntests/a/test_ops.py::test_y\n"
-        "tests/b/test_loss.py::test_z\ntests/b/test_cut.py::test_1\ntests/b/test_cut.py::test_2\n"
-        "tests/c/test_skip.py::test_gpu\ntests/c/test_skip.py::test_cpu\n\n9 tests collected in 3.1s\n"
+        "tests/b/test_loss.py::test_z[a, b]\ntests/b/test_loss.py::test_z[a, c]\ntests/b/test_cut.py::test_1\ntests/b/test_cut.py::test_2\n"
+        "tests/c/test_skip.py::test_gpu\ntests/c/test_skip.py::test_cpu\n\n10 tests collected in 3.1s\n"
     )
     (tmp_path / "cuda_tests.log").write_text(  # pytest -v under xdist, cut before its -rA summary
-        "8 workers [9 items]\n"
+        "8 workers [10 items]\n"
         "[gw0] [ 11%] PASSED tests/a/test_ops.py::test_x[1] \n"
-        "[gw1] [ 22%] PASSED tests/b/test_loss.py::test_z \n"
+        "[gw1] [ 22%] PASSED tests/b/test_loss.py::test_z[a, b] \n"  # an id with spaces
+        "[gw1] [ 25%] PASSED tests/b/test_loss.py::test_z[a, c] \n"
         "[gw0] [ 33%] FAILED tests/a/test_ops.py::test_x[2] \n"
         "[gw2] [ 44%] SKIPPED tests/c/test_skip.py::test_cpu \n"
         "[gw2] [ 55%] PASSED tests/c/test_skip.py::test_gpu \n"
@@ -116,15 +117,11 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     assert lines[4] == (
         "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
-        "mix_ffn 45.0 ms, loss 49.5 ms, triton 62.5 ms"
+        "torch 45.0 ms, loss 49.5 ms, triton 62.5 ms"
     )
     criterion = "at 4096² (joins auto when >= 2% faster than auto in the same run)"
-    assert lines[5:8] == [
-        f"opt-in mix_ffn {criterion}: joins auto (45.0 ms against 50.0 ms, +10.0%)",
-        f"opt-in layer_norm {criterion}: not measured (no row)",
-        f"opt-in loss {criterion}: stays opt-in (49.5 ms against 50.0 ms, +1.0%)",
-    ]
-    assert lines[8:12] == [
+    assert lines[5] == f"opt-in loss {criterion}: stays opt-in (49.5 ms against 50.0 ms, +1.0%)"
+    assert lines[6:10] == [
         "CUDA tests tests/a/test_ops.py: failed (test_x[2])",
         "CUDA tests tests/b/test_loss.py: passed",
         "CUDA tests tests/b/test_cut.py: not finished: 1 of 2 tests reported before the cut",

@@ -105,27 +105,27 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
-def test_a_gpus_default_leaves_the_opt_in_kernels_to_their_names_and_triton(monkeypatch):
-    """``auto`` gives a GPU the attention operators only; SEGATTN_KERNEL=<name> adds that one opt-in form
-    (Mix-FFN's conv + GELU, LayerNorm, the fused loss), ``triton`` all of them."""
+def test_a_gpus_default_leaves_the_fused_loss_to_its_name_and_triton(monkeypatch):
+    """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
+    adds the opt-in fused loss, ``triton`` every operator, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
-    opt_in = {
-        "mix_ffn": "segattn.depthwise_conv_gelu",
-        "layer_norm": "segattn.layer_norm",
-        "loss": "segattn.seg_loss_sums",
-    }
+    default = {"segattn.kernel_attention", "segattn.depthwise_conv_gelu", "segattn.layer_norm"}
+    loss = {"segattn.seg_loss_sums"}
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
-    for kernel in ("auto", *opt_in, "triton"):
+    for kernel, expected in [
+        ("auto", default),
+        ("loss", default | loss),
+        ("triton", default | loss),
+        ("torch", set()),
+    ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
         with paths_of_a_gpu():
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for op, _ in step.by_op if op.startswith("segattn.")}
-        assert "segattn.kernel_attention" in operators, kernel
-        expected = set(opt_in.values()) if kernel == "triton" else {opt_in.get(kernel)} - {None}
-        assert operators & set(opt_in.values()) == expected, kernel
+        assert operators & (default | loss) == expected, kernel
 
 
 class Doubled(torch.autograd.Function):
