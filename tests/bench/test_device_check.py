@@ -86,7 +86,8 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     (tmp_path / "collect_tests.log").write_text(
         "tests/a/test_ops.py::test_x[1]\ntests/a/test_ops.py::test_x[2]\ntests/a/test_ops.py::test_y\n"
-        "tests/b/test_loss.py::test_z[a, b]\ntests/b/test_loss.py::test_z[a, c]\ntests/b/test_cut.py::test_1\ntests/b/test_cut.py::test_2\n"
+        "tests/b/test_loss.py::test_z[a, b]\ntests/b/test_loss.py::test_z[a, c]\n"
+        "tests/b/test_cut.py::test_1\ntests/b/test_cut.py::test_2\n"
         "tests/c/test_skip.py::test_gpu\ntests/c/test_skip.py::test_cpu\n\n10 tests collected in 3.1s\n"
     )
     (tmp_path / "cuda_tests.log").write_text(  # pytest -v under xdist, cut before its -rA summary

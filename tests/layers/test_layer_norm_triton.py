@@ -87,12 +87,13 @@ def test_layer_norm_operators_pass_opcheck_and_backward_is_deterministic() -> No
         assert torch.equal(a, b)
 
 
-def test_layer_norm_module_takes_the_operator_under_triton_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Built under SEGATTN_KERNEL=triton it runs the operator, with nn.LayerNorm's state_dict and values; a
-    GPU's default (``auto``) keeps PyTorch's layer_norm; exported, the plain op."""
-    monkeypatch.setenv(KERNEL_ENV, "auto")
-    with paths_of_a_gpu():
-        assert not LayerNorm(8).takes_triton(torch.zeros(1, 8))
+def test_layer_norm_module_takes_the_operator_by_the_kernel_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's default (``auto``) and SEGATTN_KERNEL=triton run the operator, with nn.LayerNorm's state_dict
+    and values; ``torch`` keeps PyTorch's layer_norm; exported, the plain op."""
+    for kernel, takes in [("auto", True), ("torch", False)]:
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        with paths_of_a_gpu():
+            assert LayerNorm(8).takes_triton(torch.zeros(1, 8)) == takes, kernel
     monkeypatch.setenv(KERNEL_ENV, "triton")
     norm = LayerNorm(8, eps=EPS).to(DEVICE)
     reference = torch.nn.LayerNorm(8, eps=EPS).to(DEVICE)
