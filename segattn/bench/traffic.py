@@ -40,7 +40,8 @@ REST = "patch embeddings and the rest"
 COMPONENTS = (FEED_FORWARD, HEAD, LOSS, PROJECTIONS, NORMS, ATTENTION, REST)
 PROJECTION_NAMES = {"qkv", "q", "k", "v", "kv", "proj"}
 PHASES = ("forward", "backward")
-ALLOCATIONS = {
+MOVES_NOTHING = {  # allocations, and the view matmul reshapes its result by (not marked a view)
+    torch.ops.aten._unsafe_view,
     torch.ops.aten.empty,
     torch.ops.aten.empty_like,
     torch.ops.aten.empty_strided,
@@ -67,10 +68,10 @@ def component_of(path: str) -> str:
 
 @dataclass
 class StepTraffic:
-    """Bytes moved per (component, phase), and per ATen op name for the curious."""
+    """Bytes moved per (component, phase), and per (component, ATen op name, phase) for the curious."""
 
     bytes: collections.Counter[tuple[str, str]]
-    by_op: collections.Counter[tuple[str, str]]
+    by_op: collections.Counter[tuple[str, str, str]]
 
     @property
     def total(self) -> int:
@@ -164,7 +165,7 @@ class CountBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         output = func(*args, **(kwargs or {}))
-        if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in ALLOCATIONS:
+        if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in MOVES_NOTHING:
             return output  # metadata queries, views and allocations move no bytes
         kwargs = kwargs or {}
         reads = (args, {key: value for key, value in kwargs.items() if key != "out"})  # out=: written only
@@ -175,8 +176,9 @@ class CountBytes(TorchDispatchMode):
         # own gradient, or ops between modules in forward)
         path = self.paths.stack[-1] if self.paths.stack else self.paths.node_paths.get(node, "model")
         phase = "backward" if self.in_backward else "forward"
-        self.traffic.bytes[(component_of(path), phase)] += moved
-        self.traffic.by_op[(str(func.overloadpacket), phase)] += moved
+        component = component_of(path)
+        self.traffic.bytes[(component, phase)] += moved
+        self.traffic.by_op[(component, str(func.overloadpacket), phase)] += moved
         return output
 
 

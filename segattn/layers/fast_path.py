@@ -10,7 +10,8 @@ hand-written backward passes in or out, or time them). ``SEGATTN_KERNEL``: ``aut
 tensors the Triton kernels that a GPU run has measured faster than their PyTorch path (the attention cores,
 Mix-FFN's conv + GELU, LayerNorm) when triton is installed, ``torch`` never, ``triton`` every one, and the
 name of an opt-in form (``OPT_IN``: the fused loss, slower than the PyTorch loss on an H200,
-docs/performance.md) ``auto`` plus that one, so that a GPU run can time it against ``auto`` alone.
+docs/performance.md; the decode head's upsampling as matmuls, untimed, on the Triton rules though not
+Triton) ``auto`` plus that one, so that a GPU run can time it against ``auto`` alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
 KERNEL_ENV = "SEGATTN_KERNEL"  # one of KERNEL_BACKENDS; "auto" by default
-OPT_IN = ("loss",)  # Triton forms "auto" leaves out until a GPU run times them faster
+OPT_IN = ("loss", "upsample")  # fast forms "auto" leaves out until a GPU run times them faster
 KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take
@@ -69,7 +70,7 @@ def kernel_backend() -> str:
     if value not in KERNEL_BACKENDS:
         raise ValueError(
             f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton or "
-            f"{' or '.join(OPT_IN)} (auto and that Triton form)"
+            f"{' or '.join(OPT_IN)} (auto and that form)"
         )
     if not functions_enabled():
         return PLAIN
@@ -125,7 +126,7 @@ def choose_path(
     core such as Mix-FFN's conv + GELU; None: no Triton form; ``widening``: features per head channel,
     pola's 2), ``function`` (a PyTorch Function), ``whole_image`` (a sum or max over all tokens that the
     fast forms cannot split: PLAIN on a band of a split image, ``segattn.parallel``; the others sum their
-    token summaries over the bands), ``opt_in`` (its ``OPT_IN`` name: a Triton form that "auto" leaves out,
+    token summaries over the bands), ``opt_in`` (its ``OPT_IN`` name: a fast form that "auto" leaves out,
     which "triton" and its own name take).
 
     TRITON: "auto" takes CUDA tensors of fp32/bf16/fp16 with head_dim·widening up to ``MAX_HEAD_DIM`` when

@@ -24,14 +24,16 @@ def from_grid(x: Tensor) -> Tensor:
 def interpolation_matrix(size: int, out: int, like: Tensor) -> Tensor:
     """The [out, size] matrix of 1-D linear interpolation with half-pixel centres (``F.interpolate``'s
     ``align_corners=False``): output i samples input (i + ½)·size/out − ½, clamped to [0, size − 1]. At
-    out = size it is the identity exactly."""
-    source = ((torch.arange(out, device=like.device, dtype=like.dtype) + 0.5) * size / out - 0.5).clamp(min=0)
+    out = size it is the identity exactly. In ``like``'s dtype, computed in fp32 at least (bf16 holds no
+    pixel index past 256); its weights at integer scale factors 2, 4 and 8 are exact in bf16."""
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    source = ((torch.arange(out, device=like.device, dtype=dtype) + 0.5) * size / out - 0.5).clamp(min=0)
     low = source.floor()
     frac = (source - low)[:, None]
     low = low.long().clamp(max=size - 1)[:, None]
     high = (low + 1).clamp(max=size - 1)
     positions = torch.arange(size, device=like.device)
-    return (positions == low).to(like.dtype) * (1 - frac) + (positions == high).to(like.dtype) * frac
+    return ((positions == low).to(dtype) * (1 - frac) + (positions == high).to(dtype) * frac).to(like.dtype)
 
 
 def resample_grid(maps: Tensor, size: HW) -> Tensor:

@@ -15,6 +15,8 @@ from timm.layers import ConvNormAct
 from timm.models.efficientvit_mit import MBConv, ResidualBlock
 from torch import Tensor, nn
 
+from segattn.layers import TRITON, choose_path, kernel_backend, resample_grid
+
 
 def resized(x: Tensor, size: torch.Size) -> Tensor:
     """``x`` bilinearly resized to ``size`` (as it is when already that size)."""
@@ -75,6 +77,7 @@ class MLPHead(nn.Module):
     Dropout2d's channel mask is drawn as it would be and folded into the classifier's weight per image, and
     the ReLU goes with the classifier (``ReluClassifier``), so backward holds no more maps than the plain
     order did. Same parameters (``fuse`` is the conv and BN; the ReLU has none) and function.
+    ``kernel_backend`` (read when built) decides how the levels are upsampled (``upsampled``).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class MLPHead(nn.Module):
         self.fuse = ConvNormAct(channels * len(in_channels), channels, 1, apply_act=False)
         self.dropout = nn.Dropout2d(dropout)
         self.classifier = nn.Conv2d(channels, num_classes, 1)
+        self.kernel_backend = kernel_backend()
 
     def forward(self, features: list[Tensor]) -> Tensor:
         normed = self.fuse.bn(self.fused(features))  # fuse = conv, then BN; the ReLU follows here
@@ -106,16 +110,28 @@ class MLPHead(nn.Module):
         summed = None  # the wide levels, each projected, upsampled, and summed, with every bias
         for i in (i for i in range(len(features)) if i not in narrow):
             level = F.conv2d(features[i], weights[i][..., None, None], bias if summed is None else None)
-            level = resized(level, size).flatten(2)
+            level = self.upsampled(level, size).flatten(2)
             summed = level if summed is None else summed + level
         if not narrow:
             return summed.unflatten(2, size)
-        levels = [resized(features[i], size) for i in narrow]
+        levels = [self.upsampled(features[i], size) for i in narrow]
         stack = (levels[0] if len(levels) == 1 else torch.cat(levels, dim=1)).flatten(2)
         del levels  # the upsampled levels are in the stack now: free them before the matmul's output
         weight = torch.cat([weights[i] for i in narrow], dim=1).expand(stack.shape[0], -1, -1)
         summed = bias[:, None] if summed is None else summed
         return torch.baddbmm(summed, weight, stack).unflatten(2, size)
+
+    def upsampled(self, level: Tensor, size: torch.Size) -> Tensor:
+        """``level`` bilinearly resized to ``size``: ``resized``, or where ``choose_path`` takes the opt-in
+        ``upsample`` form (SEGATTN_KERNEL=upsample or triton), cast to autocast's dtype (when on) and
+        resampled as two interpolation-matrix matmuls (``resample_grid``), whose backward is matmuls too,
+        where a CUDA device's bilinear backward is a generic kernel with atomics."""
+        path = choose_path(self.kernel_backend, level, triton_head_dim=1, function=False, opt_in="upsample")
+        if path != TRITON:
+            return resized(level, size)
+        device = level.device.type
+        level = level.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else level
+        return level if level.shape[-2:] == size else resample_grid(level, size)
 
 
 class ReluClassifier(torch.autograd.Function):

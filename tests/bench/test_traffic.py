@@ -95,9 +95,9 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     module = build_module(cfg, SegDataModule(**plain(cfg.data)))
     on_gpu = step_traffic(module, 1, 64, 64, device_paths="gpu")
     on_cpu = step_traffic(module, 1, 64, 64, device_paths="cpu")
-    operators = {op for op, _ in on_gpu.by_op if op.startswith("segattn.")}
+    operators = {op for _, op, _ in on_gpu.by_op if op.startswith("segattn.")}
     assert {"segattn.kernel_attention", "segattn.kernel_attention_backward"} <= operators
-    assert not any(op.startswith("segattn.") for op, _ in on_cpu.by_op)
+    assert not any(op.startswith("segattn.") for _, op, _ in on_cpu.by_op)
     gpu_core, cpu_core = (
         step.bytes[(ATTENTION, "forward")] + step.bytes[(ATTENTION, "backward")] for step in (on_gpu, on_cpu)
     )
@@ -105,27 +105,32 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
-def test_a_gpus_default_leaves_the_fused_loss_to_its_name_and_triton(monkeypatch):
+def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
-    adds the opt-in fused loss, ``triton`` every operator, ``torch`` none."""
+    adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
+    the head), ``triton`` every form, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
     default = {"segattn.kernel_attention", "segattn.depthwise_conv_gelu", "segattn.layer_norm"}
     loss = {"segattn.seg_loss_sums"}
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
-    for kernel, expected in [
-        ("auto", default),
-        ("loss", default | loss),
-        ("triton", default | loss),
-        ("torch", set()),
+    for kernel, expected, bilinear_head in [
+        ("auto", default, True),
+        ("loss", default | loss, True),
+        ("upsample", default, False),
+        ("triton", default | loss, False),
+        ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
         with paths_of_a_gpu():
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
-        operators = {op for op, _ in step.by_op if op.startswith("segattn.")}
+        operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
         assert operators & (default | loss) == expected, kernel
+        head_ops = {op for component, op, _ in step.by_op if component == HEAD}
+        assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
+        assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
 
 
 class Doubled(torch.autograd.Function):
@@ -155,7 +160,7 @@ def test_a_modules_function_output_and_out_tensors_are_charged_once_to_the_modul
     assert traffic.bytes[(HEAD, "forward")] == 4 * (convolution + 2 * (2 * pixels))
     assert traffic.bytes[(LOSS, "forward")] == 4 * (2 * pixels + 1)
     # the Function's backward (grad * 2) is the head's, not the loss's
-    assert traffic.by_op[("aten.mul", "backward")] >= 2 * 4 * 2 * pixels
+    assert traffic.by_op[(HEAD, "aten.mul", "backward")] >= 2 * 4 * 2 * pixels
     assert traffic.bytes[(LOSS, "backward")] < traffic.bytes[(HEAD, "backward")]
 
 

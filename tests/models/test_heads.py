@@ -1,11 +1,15 @@
 """The SegFormer head's reordered computation equals the published one (upsample, concat, 1×1 fusion)."""
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from segattn.layers import KERNEL_ENV
+from segattn.layers.fast_path import paths_of_a_gpu
+from segattn.models import heads
 from segattn.models.heads import MLPHead, ReluClassifier
 
 LEVEL_CHANNELS = [8, 16, 24, 32]
@@ -40,6 +44,15 @@ def level_features(dtype: torch.dtype, batch: int = 2) -> list[torch.Tensor]:
         torch.randn(batch, c, 15 // 2**i + 1, 21 // 2**i + 1, dtype=dtype, requires_grad=True)
         for i, c in enumerate(LEVEL_CHANNELS)
     ]
+
+
+def upsample_form(head: MLPHead, features: list[torch.Tensor]) -> torch.Tensor:
+    """``head`` on ``features`` on the opt-in ``upsample`` form (SEGATTN_KERNEL=upsample) as a CUDA device
+    takes it (``paths_of_a_gpu``; the form is PyTorch matmuls, so it runs on the CPU too), which never
+    calls ``resized``."""
+    head.kernel_backend = "upsample"
+    with paths_of_a_gpu(), mock.patch.object(heads, "resized", side_effect=AssertionError("resized")):
+        return head(features)
 
 
 def outputs_and_grads(
@@ -133,6 +146,91 @@ def test_mlp_head_in_bf16_autocast_is_as_close_to_fp32_as_the_published_order(tr
         assert out.dtype == torch.bfloat16
         assert (out.float() - exact).norm() <= 4 * 2**-8 * exact.norm()
         assert (grads - exact_grads).norm() <= 24 * 2**-8 * exact_grads.norm()
+
+
+@pytest.mark.parametrize("channels", [12, 40, 4])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_mlp_head_upsample_form_equals_the_default_path_in_fp32_with_gradients(
+    channels: int, training: bool, channels_last: bool
+) -> None:
+    """The levels resampled as interpolation-matrix matmuls give the default path's logits, gradients and
+    BN statistics within fp32 rounding (other summation orders): narrow, wide and mixed levels, NCHW and
+    channels-last (as PVT hands them over) grids of odd sizes."""
+    torch.manual_seed(0)
+    head = random_head(channels, dropout=0.3, dtype=torch.float32).train(training)
+    default = copy.deepcopy(head)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    features = [
+        feature.detach().contiguous(memory_format=memory_format).requires_grad_()
+        for feature in level_features(torch.float32)
+    ]
+    upstream = torch.randn(2, 5, 16, 22)
+    ours, ours_grads = outputs_and_grads(upsample_form, head, features, upstream, seed=1)
+    want, want_grads = outputs_and_grads(MLPHead.__call__, default, features, upstream, seed=1)
+    assert_close(ours, want, 1e-5)
+    for grad, expected in zip(ours_grads, want_grads, strict=True):
+        assert_close(grad, expected, 1e-4)
+    for name, buffer in default.fuse.bn.named_buffers():
+        assert_close(getattr(head.fuse.bn, name), buffer, 1e-5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_mlp_head_upsample_form_in_bf16_autocast_is_as_close_to_fp32_as_the_default(training: bool) -> None:
+    """Under bf16 autocast the form casts each level to bf16 before its two matmuls and rounds their
+    intermediate and output to bf16, where the default path upsamples in fp32 and rounds once, when the
+    stack is cast for the batched matmul: a few more roundings, so it is held to the bound of the default's
+    own bf16 test against fp32 (logits within 4 bf16 epsilons norm-wise, gradients within 24), not to
+    fp32's."""
+    torch.manual_seed(0)
+    head = MLPHead(LEVEL_CHANNELS, num_classes=5, channels=12, dropout=0.3).train(training)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.normal_(0.0, 0.3)
+        head.fuse.bn.weight.uniform_(0.5, 1.5)
+    features = level_features(torch.float32)
+    upstream = torch.randn(2, 5, 16, 22)
+    exact, exact_grads = outputs_and_grads(MLPHead.__call__, copy.deepcopy(head), features, upstream, 1)
+    exact_grads = torch.cat([grad.flatten() for grad in exact_grads])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, grads = outputs_and_grads(upsample_form, copy.deepcopy(head), features, upstream, seed=1)
+    grads = torch.cat([grad.float().flatten() for grad in grads])
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - exact).norm() <= 4 * 2**-8 * exact.norm()
+    assert (grads - exact_grads).norm() <= 24 * 2**-8 * exact_grads.norm()
+
+
+@pytest.mark.parametrize(
+    ("kernel", "on_gpu", "on_cpu"),
+    [
+        ("auto", False, False),
+        ("torch", False, False),
+        ("loss", False, False),
+        ("upsample", True, False),
+        ("triton", True, True),  # the CPU under TRITON_INTERPRET=1 (conftest.py), as every Triton form
+    ],
+)
+def test_mlp_head_takes_the_upsample_form_by_the_kernel_setting_it_was_built_under(
+    kernel: str, on_gpu: bool, on_cpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SEGATTN_KERNEL=upsample or triton, read when the head is built: a CUDA device's levels skip
+    ``resized`` (a call per level); the default ``auto`` keeps it, and a traced head under any setting."""
+    monkeypatch.setenv(KERNEL_ENV, kernel)
+    with paths_of_a_gpu():
+        head = MLPHead(LEVEL_CHANNELS, num_classes=5, channels=12).eval()
+    monkeypatch.delenv(KERNEL_ENV)
+    features = [feature.detach() for feature in level_features(torch.float32)]
+
+    def resized_calls(run) -> int:
+        with mock.patch.object(heads, "resized", wraps=heads.resized) as resized:
+            run()
+        return resized.call_count
+
+    with paths_of_a_gpu():
+        assert resized_calls(lambda: head(features)) == (0 if on_gpu else len(LEVEL_CHANNELS))
+        traced = resized_calls(lambda: torch.jit.trace(head, (features,), check_trace=False))
+        assert traced == len(LEVEL_CHANNELS)
+    assert resized_calls(lambda: head(features)) == (0 if on_cpu else len(LEVEL_CHANNELS))
 
 
 def test_relu_classifier_gradients_match_finite_differences() -> None:
