@@ -71,9 +71,8 @@ def raster_problem(path: Path) -> str | None:
 
 def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
     """uint8 [H, W, 3] -> float32 [1, 3, H, W]: (pixel / 255 - mean) / std, mean and std in [0, 1] units."""
-    x = rgb.astype(np.float32) / 255.0
-    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    centre, scale = np.asarray([mean, std], dtype=np.float32)
+    return np.ascontiguousarray(((rgb.astype(np.float32) / 255.0 - centre) / scale).transpose(2, 0, 1)[None])
 
 
 def save_mask(mask: np.ndarray, path: Path) -> None:

@@ -177,12 +177,10 @@ class TrainedModel:
         return np.stack([np.stack([resize(plane) for plane in image]) for image in logits])
 
     def normalized(self, rgbs: list[np.ndarray]) -> Tensor:
-        """``normalize`` of RGB images of one size, computed on this model's device in float32 as numpy does
-        it: float32 [B, 3, H, W] of the uint8 pixels sent over (a quarter of float32's bytes)."""
+        """``normalize`` of RGB images of one size, in float32 on this model's device: sent there as uint8."""
         import torch
 
-        images = torch.as_tensor(np.stack(rgbs), device=self.device).permute(0, 3, 1, 2)
-        images = images.to(torch.float32, memory_format=torch.contiguous_format)
+        images = torch.as_tensor(np.stack(rgbs), device=self.device).permute(0, 3, 1, 2).contiguous().float()
         mean, std = images.new_tensor([self.record.mean, self.record.std])[..., None, None]
         return images.div_(255).sub_(mean).div_(std)
 
@@ -215,14 +213,12 @@ class TrainedModel:
         batches, single = self.batches(images, inference)
         per_batch = []
         for indices, logits in batches:
-            ids = as_numpy(logits.argmax(1)).astype(dtype)
+            per_image = list(as_numpy(logits.argmax(1)).astype(dtype))
             if probabilities:
                 scores = as_numpy(logits)
                 shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-                softmax = shifted / shifted.sum(axis=1, keepdims=True)
-                per_batch.append((indices, list(zip(ids, softmax, strict=True))))
-            else:
-                per_batch.append((indices, list(ids)))
+                per_image = list(zip(per_image, shifted / shifted.sum(axis=1, keepdims=True), strict=True))
+            per_batch.append((indices, per_image))
         results = scattered(per_batch)
         return results[0] if single else results
 
