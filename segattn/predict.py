@@ -188,11 +188,6 @@ def predict_files(
     return written, failed
 
 
-def window_progress(bar: Any, task: Any) -> Callable[[int, int], None]:
-    """``on_windows(done, total)`` moving ``task`` of the rich progress ``bar``."""
-    return lambda done, total: bar.update(task, completed=done, total=total)
-
-
 def resume_note(path: Path) -> Callable[[int, int, Path], None]:
     """``on_resume`` of a streamed raster: say where the run continues an earlier one's partial mask."""
 
@@ -225,7 +220,7 @@ def predict_rasters(
                     path,
                     out,
                     settings,
-                    window_progress(bar, task),
+                    lambda done, total, task=task: bar.update(task, completed=done, total=total),
                     on_resume=resume_note(path),
                 )
             except ValueError as error:

@@ -2,7 +2,7 @@
 image size, batch (``inference.batch_size``), loader workers and precision, in two scopes:
 
 - ``files``: generated JPEG files on disk to PNG masks and overlays on disk, through
-  ``python -m segattn.predict``'s own ``predict_files`` (its DataLoader decoding, batches and writer thread);
+  ``python -m segattn.predict``'s own ``predict_files`` (its DataLoader decoding, batches and writer threads);
 - ``network``: the network alone on an in-memory batch already on the device (logits stay there).
 
 Each row is one warm-up pass and ``repeats`` timed passes; their median is reported. Peak memory is torch's

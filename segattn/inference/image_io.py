@@ -71,9 +71,8 @@ def raster_problem(path: Path) -> str | None:
 
 def normalize(rgb: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
     """uint8 [H, W, 3] -> float32 [1, 3, H, W]: (pixel / 255 - mean) / std, mean and std in [0, 1] units."""
-    x = rgb.astype(np.float32) / 255.0
-    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    centre, scale = np.asarray([mean, std], dtype=np.float32)
+    return np.ascontiguousarray(((rgb.astype(np.float32) / 255.0 - centre) / scale).transpose(2, 0, 1)[None])
 
 
 def save_mask(mask: np.ndarray, path: Path) -> None:
@@ -101,11 +100,17 @@ def overlay(
     drawn: list[int] | None = None,
 ) -> np.ndarray:
     """The image blended with the palette colour of each pixel's class; uint8 [H, W, 3]. Only the classes
-    ``drawn`` (default: all) are coloured: any other pixel, an ignored one included, keeps the image's own."""
+    ``drawn`` (palette indices; default: all) are coloured: any other pixel, an ignored one included, keeps
+    the image's own. A table holds each class's round(pixel * (1 - alpha) + colour * alpha) in float32."""
     drawn = list(range(len(palette))) if drawn is None else drawn
-    colours = np.asarray(palette, dtype=np.float32)[np.where(np.isin(mask, drawn), mask, 0)]
-    blended = (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
-    return np.where(np.isin(mask, drawn)[..., None], blended, rgb)
+    levels = np.arange(256, dtype=np.float32)
+    blended = (levels * (1 - alpha) + np.asarray(palette, dtype=np.float32)[..., None] * alpha).round()
+    table = np.concatenate([np.broadcast_to(levels, (1, 3, 256)), blended]).astype(np.uint8)  # 0: undrawn
+    rows = np.zeros(max(int(mask.max(initial=0)), len(palette)) + 2, np.intp)  # rows[-1]: negative values
+    rows[drawn] = (np.asarray(drawn) + 1) * table[0].size
+    index = np.add(rows[mask.clip(-1) if mask.min(initial=0) < 0 else mask][..., None], rgb, dtype=np.intp)
+    index += np.arange(0, table[0].size, 256)
+    return np.take(table.ravel(), index)  # releases the GIL: predict's writer threads run in parallel
 
 
 def drawn_classes(classes: list[str], chosen: str | int | list[str | int] | None) -> list[int]:

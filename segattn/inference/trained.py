@@ -164,15 +164,25 @@ class TrainedModel:
                 f"data.downsample={factor} (recorded in {self.path}): the image {problem}; the model was "
                 f"trained on images shrunk {factor}x, so crop or pad the image to a multiple of {factor}"
             )
-        mean, std = self.record.mean, self.record.std
-        images = np.concatenate([normalize(shrink_image(rgb, factor), mean, std) for rgb in rgbs])
+        shrunk = [shrink_image(rgb, factor) for rgb in rgbs]
         if self.session is None:
-            return self.run_torch(images, settings, (height, width))
+            return self.run_torch(self.normalized(shrunk), settings, (height, width))
+        images = np.concatenate([normalize(rgb, self.record.mean, self.record.std) for rgb in shrunk])
         logits = self.run(images, **settings)
         if factor == 1:
             return logits
-        resize = partial(cv2_resize, width=width, height=height)
+        import cv2  # bilinear with half-pixel centres, as the torch path resizes, without torch
+
+        resize = partial(cv2.resize, dsize=(width, height), interpolation=cv2.INTER_LINEAR)
         return np.stack([np.stack([resize(plane) for plane in image]) for image in logits])
+
+    def normalized(self, rgbs: list[np.ndarray]) -> Tensor:
+        """``normalize`` of RGB images of one size, in float32 on this model's device: sent there as uint8."""
+        import torch
+
+        images = torch.as_tensor(np.stack(rgbs), device=self.device).permute(0, 3, 1, 2).contiguous().float()
+        mean, std = images.new_tensor([self.record.mean, self.record.std])[..., None, None]
+        return images.div_(255).sub_(mean).div_(std)
 
     def batches(
         self, images: Images, inference: dict[str, Any]
@@ -203,14 +213,12 @@ class TrainedModel:
         batches, single = self.batches(images, inference)
         per_batch = []
         for indices, logits in batches:
-            ids = as_numpy(logits.argmax(1)).astype(dtype)
+            per_image = list(as_numpy(logits.argmax(1)).astype(dtype))
             if probabilities:
                 scores = as_numpy(logits)
                 shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-                softmax = shifted / shifted.sum(axis=1, keepdims=True)
-                per_batch.append((indices, list(zip(ids, softmax, strict=True))))
-            else:
-                per_batch.append((indices, list(ids)))
+                per_image = list(zip(per_image, shifted / shifted.sum(axis=1, keepdims=True), strict=True))
+            per_batch.append((indices, per_image))
         results = scattered(per_batch)
         return results[0] if single else results
 
@@ -256,14 +264,6 @@ def scattered(batches: Iterable[tuple[list[int], list[Any]]]) -> list[Any]:
 def as_numpy(values: Any) -> np.ndarray:
     """A numpy array of a torch tensor (copied to the host) or of a numpy array (itself)."""
     return values if isinstance(values, np.ndarray) else values.cpu().numpy()
-
-
-def cv2_resize(plane: np.ndarray, height: int, width: int) -> np.ndarray:
-    """One float32 plane resized bilinearly (half-pixel centres) with OpenCV: an ONNX model's logits of a
-    shrunk image, without torch."""
-    import cv2
-
-    return cv2.resize(plane, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 def inference_settings(inference: Mapping[str, Any]) -> dict[str, Any]:

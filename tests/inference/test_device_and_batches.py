@@ -4,6 +4,7 @@ CUDA paths run where a CUDA device is."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,9 @@ from export_fixtures import tiny_exports
 from PIL import Image
 
 import segattn
+from segattn.images import shrink_image
 from segattn.inference.device import is_device, onnx_providers, resolved_precision, torch_device
+from segattn.inference.image_io import normalize
 from segattn.predict import main
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -121,6 +124,26 @@ def test_lists_and_arrays_of_images_give_the_masks_of_one_by_one(exported, form,
     np.testing.assert_allclose(logits[1], opened.logits(images[1], **inference), atol=1e-5)
     ids, probabilities = opened.predict(images, probabilities=True, batch_size=2, **inference)[3]
     assert np.array_equal(ids, alone[3]) and np.allclose(probabilities.sum(axis=0), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("downsample", [1, 2])
+def test_the_torch_path_normalises_on_the_device_as_numpy_does(exported, downsample):
+    """uint8 images go to the device and are normalised there: the numpy normalisation's values and the
+    logits of the numpy-normalised batch, a shrinking model's included."""
+    opened = segattn.open_model(exported["safetensors"], device="cpu")
+    record = replace(
+        opened.record, data_config={**(opened.record.data_config or {}), "downsample": downsample}
+    )
+    opened = replace(opened, record=record)
+    images = [rgb(32, 40, 1), rgb(32, 40, 2)]
+    shrunk = [shrink_image(image, downsample) for image in images]
+    on_host = np.concatenate([normalize(image, record.mean, record.std) for image in shrunk])
+    np.testing.assert_array_equal(opened.normalized(shrunk).numpy(), on_host)
+    settings = opened.settings()
+    expected = opened.run_torch(on_host, settings, (32, 40))
+    np.testing.assert_allclose(
+        opened.batch_logits(images, settings).numpy(), expected.numpy(), rtol=0, atol=1e-6
+    )
 
 
 def test_a_moved_model_runs_where_it_was_moved(exported):

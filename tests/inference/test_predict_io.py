@@ -44,6 +44,36 @@ def test_overlay_leaves_background_and_ignored_pixels_undimmed():
     np.testing.assert_array_equal(blended, [[[100, 100, 100], [150, 100, 50], [100, 100, 100]]])
 
 
+def float32_overlay(rgb, mask, palette, alpha, drawn):
+    """The per-pixel float32 blend that ``overlay``'s table must reproduce bit for bit."""
+    colours = np.asarray(palette, dtype=np.float32)[np.where(np.isin(mask, drawn), mask, 0)]
+    blended = (rgb.astype(np.float32) * (1 - alpha) + colours * alpha).round().astype(np.uint8)
+    return np.where(np.isin(mask, drawn)[..., None], blended, rgb)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 0.77, 1.0, np.float32(0.35), np.float64(0.6)])
+@pytest.mark.parametrize(
+    ("dtype", "low", "high", "drawn"),
+    [
+        (np.uint8, 0, 256, [1, 2, 4]),  # the ignore index 255 and values past the palette among them
+        (np.uint8, 0, 5, None),
+        (np.uint16, 0, 300, [0, 3]),
+        (np.int64, -3, 8, [4, 1]),
+        (np.int64, 0, 5, []),
+    ],
+)
+def test_overlay_is_the_float32_blend_bit_for_bit(alpha, dtype, low, high, drawn):
+    rng = np.random.default_rng(7)
+    palette = [tuple(int(v) for v in colour) for colour in rng.integers(0, 256, (5, 3))]
+    rgb = rng.integers(0, 256, (19, 23, 3), dtype=np.uint8)
+    rgb[0, :3] = [[0, 0, 0], [255, 255, 255], [128, 127, 1]]
+    mask = rng.integers(low, high, (19, 23)).astype(dtype)
+    expected = float32_overlay(rgb, mask, palette, alpha, list(range(5)) if drawn is None else drawn)
+    result = overlay(rgb, mask, palette, alpha, drawn)
+    assert result.dtype == np.uint8
+    np.testing.assert_array_equal(result, expected)
+
+
 def test_overlay_classes_default_to_all_but_background_and_unknown_ones_are_named():
     classes = ["Background", "thing", "stuff"]
     assert drawn_classes(classes, None) == [1, 2]
