@@ -213,7 +213,10 @@ class TrainedModel:
         batches, single = self.batches(images, inference)
         per_batch = []
         for indices, logits in batches:
-            per_image = list(as_numpy(logits.argmax(1)).astype(dtype))
+            ids = logits.argmax(1)
+            if dtype == np.uint8 and not isinstance(ids, np.ndarray):
+                ids = ids.byte()  # on the model's device: a byte a pixel copied back, not int64's eight
+            per_image = list(as_numpy(ids).astype(dtype, copy=False))
             if probabilities:
                 scores = as_numpy(logits)
                 shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
