@@ -59,13 +59,14 @@ def raster_settings(inference: dict[str, Any], model_path: Path) -> SlideSetting
     return slide_settings(inference)
 
 
-def planned_outputs(images: list[Path], rasters: list[Path], out: Path) -> list[tuple[Path, Path]]:
+def planned_outputs(
+    images: list[Path], rasters: list[Path], out: Path, overlays: bool = True
+) -> list[tuple[Path, Path]]:
     """(input, output) for every file this run writes into ``out``, in the order it writes them: an image's
-    ``masks/<stem>.png`` and ``overlays/<stem>.png``, a streamed raster's ``masks/<stem>.tif``. The one list
-    that the name check and the note on replaced files both read."""
-    planned = [
-        (path, out / folder / f"{path.stem}.png") for path in images for folder in ("masks", "overlays")
-    ]
+    ``masks/<stem>.png`` and, with ``overlays``, ``overlays/<stem>.png``, a streamed raster's
+    ``masks/<stem>.tif``. The one list that the name check and the note on replaced files both read."""
+    folders = ("masks", "overlays") if overlays else ("masks",)
+    planned = [(path, out / folder / f"{path.stem}.png") for path in images for folder in folders]
     return planned + [(path, out / "masks" / f"{path.stem}.tif") for path in rasters]
 
 
@@ -137,11 +138,14 @@ def write_outputs(
     mask: np.ndarray,
     out: Path,
     alpha: float,
-    drawn: list[int],
+    drawn: list[int] | None,
 ) -> None:
-    """The mask and overlay (the ``drawn`` classes coloured) of ``path``'s RGB image."""
+    """The mask and overlay (the ``drawn`` classes coloured; None: no overlay) of ``path``'s RGB image."""
     save_mask(mask, out / "masks" / f"{path.stem}.png")
-    save_rgb(overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png")
+    if drawn is not None:
+        save_rgb(
+            overlay(rgb, mask, model.record.palette, alpha, drawn), out / "overlays" / f"{path.stem}.png"
+        )
 
 
 def writer_threads() -> int:
@@ -156,10 +160,11 @@ def predict_files(
     files: list[Path],
     out: Path,
     alpha: float,
-    drawn: list[int],
+    drawn: list[int] | None,
     num_workers: int,
 ) -> tuple[int, list[tuple[Path, str]]]:
-    """Write the mask and overlay (the ``drawn`` classes coloured) of every readable file; returns (written
+    """Write the mask and overlay (the ``drawn`` classes coloured; None: the mask alone) of every readable
+    file; returns (written
     count, [(file, reason) for skipped files]). ``model.predict`` takes ``inference.batch_size`` consecutive
     images at a time (batched by size) while ``writer_threads`` write the images before them, at most that
     many images waiting (memory stays bounded)."""
@@ -244,12 +249,12 @@ def run(args: DictConfig) -> int:
         files = find_images(args.input)
         rasters = [path for path in files if streams(path, args)]
         images = [path for path in files if path not in rasters]
-        planned = planned_outputs(images, rasters, out)
+        planned = planned_outputs(images, rasters, out, args.overlays)
         check_output_names(planned)
         settings = raster_settings(inference, model_path) if rasters else None
         model = open_model(model_path, args.threads, args.device)
         model.settings(**inference)  # what this model cannot run is refused before the first image
-        drawn = drawn_classes(model.record.classes, plain(args.overlay_classes))
+        drawn = drawn_classes(model.record.classes, plain(args.overlay_classes)) if args.overlays else None
         if rasters and model.downsample > 1:
             raise ValueError(
                 f"checkpoint={model_path}: trained on images shrunk {model.downsample}x (data.downsample), "
@@ -269,7 +274,7 @@ def run(args: DictConfig) -> int:
     if rasters:
         streamed, raster_failures = predict_rasters(model, rasters, out, settings)
         failed += raster_failures
-    views = [f"overlays to {out / 'overlays'}"] if written else []  # only what was written
+    views = [f"overlays to {out / 'overlays'}"] if written and drawn is not None else []  # what was written
     views += [f"overviews to {out / 'overviews'}"] if streamed else []
     print(
         f"segattn.predict: wrote {written + streamed} masks to {out / 'masks'}"

@@ -281,6 +281,7 @@ def predict_settings(values: dict[str, Any], cfg: DictConfig, device: torch.devi
         num_workers=values["num_workers"],
         precisions=values["precisions"],
         images=values["images"],
+        overlays=values["overlays"],
         repeats=values["repeats"],
         threads=values["threads"],
     )

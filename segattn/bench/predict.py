@@ -1,7 +1,7 @@
 """Throughput of a trained model, torch and ONNX side by side: images/s, megapixels/s and peak memory per
 image size, batch (``inference.batch_size``), loader workers and precision, in two scopes:
 
-- ``files``: generated JPEG files on disk to PNG masks and overlays on disk, through
+- ``files``: generated JPEG files on disk to PNG masks (and overlays, ``overlays``) on disk, through
   ``python -m segattn.predict``'s own ``predict_files`` (its DataLoader decoding, batches and writer threads);
 - ``network``: the network alone on an in-memory batch already on the device (logits stay there).
 
@@ -55,6 +55,7 @@ class PredictSettings:
     num_workers: list[int]
     precisions: list[str]  # fp32, bf16, fp16
     images: int  # files per timed pass
+    overlays: bool  # scope files: overlay PNGs written beside the masks
     repeats: int
     threads: int  # onnxruntime threads (0: its default)
 
@@ -110,10 +111,16 @@ def median_seconds(call: Callable[[], object], repeats: int, sync: Callable[[], 
 
 
 def files_pass(
-    model: TrainedModel, files: list[Path], out: Path, inference: dict[str, Any], workers: int
+    model: TrainedModel,
+    files: list[Path],
+    out: Path,
+    inference: dict[str, Any],
+    workers: int,
+    overlays: bool,
 ) -> Callable[[], None]:
-    """One pass of predict's ``predict_files`` over ``files`` into ``out``; an unreadable file fails it."""
-    drawn = drawn_classes(model.record.classes, None)
+    """One pass of predict's ``predict_files`` over ``files`` into ``out`` (masks, and ``overlays``); an
+    unreadable file fails it."""
+    drawn = drawn_classes(model.record.classes, None) if overlays else None
 
     def run() -> None:
         with contextlib.redirect_stdout(io.StringIO()):  # predict's progress bar, once a pass
@@ -172,9 +179,8 @@ def measured_row(
     try:
         model.settings(**inference)  # an ONNX model runs in fp32 alone
         if row["scope"] == "files":
-            call = files_pass(
-                model, files, files[0].parent.with_name("predicted"), inference, row["num_workers"]
-            )
+            out = files[0].parent.with_name("predicted")
+            call = files_pass(model, files, out, inference, row["num_workers"], settings.overlays)
             return row | measure(call, len(files), height * width, settings, device)
         call = network_pass(model, row["batch"], (height, width), inference)
         return row | measure(call, row["batch"], height * width, settings, device)
@@ -193,7 +199,7 @@ def run(settings: PredictSettings, device: torch.device, out_dir: Path) -> list[
         if settings.model is None:
             report.progress(
                 "predict: no checkpoint given: a pvt-b0 (linear attention, 2 classes) with random weights, "
-                f"exported as safetensors and ONNX to {work}"
+                f"exported as safetensors{' and ONNX' if 'onnx' in settings.formats else ''} to {work}"
             )
         models = opened_formats(settings, str(device), work)
         for height, width in settings.image_sizes:
@@ -202,6 +208,7 @@ def run(settings: PredictSettings, device: torch.device, out_dir: Path) -> list[
             for (fmt, model), precision, (scope, workers), batch in grid:
                 row = {"format": fmt, "size": size_label(height, width), "batch": batch}
                 row |= {"num_workers": workers, "precision": precision, "scope": scope}
+                row |= {"overlays": settings.overlays if scope == "files" else None}
                 report.progress(f"predict: {', '.join(f'{key}={value}' for key, value in row.items())}")
                 rows.append(measured_row(model, row, files, settings, device))
                 report.write_csv(out_dir / "predict.csv", rows)
@@ -227,7 +234,8 @@ def print_rows(rows: list[dict[str, Any]], settings: PredictSettings, device: to
         f"predict throughput on {report.device_name(device)}: {model}",
         ["format", "size", "precision", "scope", "batch", "workers", "images/s", "MP/s", "median", "peak"],
         [cells(row) for row in rows],
-        caption=f"{sizes}; files: {settings.images} JPEG files to PNG masks and overlays a pass; network: "
+        caption=f"{sizes}; files: {settings.images} JPEG files to PNG masks"
+        f"{' and overlays' if settings.overlays else ''} a pass; network: "
         f"one batch on the device; median of {settings.repeats} after a warm-up; peak: {peak}",
     )
 

@@ -25,6 +25,7 @@ def test_predict_bench_writes_torch_and_onnx_rows_for_files_and_network(tmp_path
     ]
     for row in rows:
         assert row["status"] == "ok" and row["size"] == "64x48" and row["repeats"] == "5", row
+        assert row["overlays"] == ("True" if row["scope"] == "files" else ""), row
         images_per_s = float(row["images_per_s"])
         assert images_per_s > 0 and int(row["peak_bytes"]) > 0
         assert float(row["megapixels_per_s"]) == pytest.approx(images_per_s * 64 * 48 / 1e6)
@@ -32,6 +33,18 @@ def test_predict_bench_writes_torch_and_onnx_rows_for_files_and_network(tmp_path
         assert float(row["seconds"]) == pytest.approx(count / images_per_s)
     out = capsys.readouterr().out
     assert "no checkpoint given: a pvt-b0" in out and "predict throughput" in out
+
+
+def test_predict_bench_times_the_masks_alone_with_overlays_false(tmp_path, capsys):
+    argv = ["predict", "grid=smoke", "device=cpu", "threads=1", "image_sizes=[64x48]", "batch=[1]"]
+    assert main([*argv, "formats=[torch]", "images=2", "overlays=false", f"out={tmp_path}"]) == 0
+    rows = list(csv.DictReader((tmp_path / "predict.csv").open()))
+    assert [(row["scope"], row["overlays"], row["status"]) for row in rows] == [
+        ("network", "", "ok"),
+        ("files", "False", "ok"),
+    ]
+    out = capsys.readouterr().out
+    assert "exported as safetensors to" in out and "JPEG files to PNG masks a pass" in out
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,21 @@ def test_onnx_predict_runs_without_torch_skips_the_corrupt_file_and_fails_at_the
     assert not (out / "masks" / "c.png").exists()
 
 
+def test_overlays_false_writes_the_masks_alone(exported, images, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert (
+        main(
+            [f"checkpoint={exported['safetensors']}", f"input={images}/a.png", f"out={out}", "overlays=false"]
+        )
+        == 0
+    )
+    assert sorted(path.name for path in out.iterdir()) == ["masks"]
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(out / "masks" / "a.png")), expected_mask(images / "a.png")
+    )
+    assert capsys.readouterr().out.strip().endswith(f"wrote 1 masks to {out / 'masks'}")
+
+
 def test_torch_predict_from_safetensors_matches_the_model(exported, images, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([f"checkpoint={exported['safetensors']}", f"input={images}/*.png", f"out={out}"]) == 1
