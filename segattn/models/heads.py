@@ -15,7 +15,7 @@ from timm.layers import ConvNormAct
 from timm.models.efficientvit_mit import MBConv, ResidualBlock
 from torch import Tensor, nn
 
-from segattn.layers import TRITON, choose_path, kernel_backend, resample_grid
+from ..layers import TRITON, choose_path, kernel_backend, resample_grid
 
 
 def resized(x: Tensor, size: torch.Size) -> Tensor:
@@ -126,7 +126,9 @@ class MLPHead(nn.Module):
         ``upsample`` form (SEGATTN_KERNEL=upsample or triton), cast to autocast's dtype (when on) and
         resampled as two interpolation-matrix matmuls (``resample_grid``), whose backward is matmuls too,
         where a CUDA device's bilinear backward is a generic kernel with atomics."""
-        path = choose_path(self.kernel_backend, level, triton_head_dim=1, function=False, opt_in="upsample")
+        path = choose_path(  # whole: a band's upsampling needs its neighbours' rows (parallel.ops)
+            self.kernel_backend, level, triton_head_dim=1, function=False, whole_image=True, opt_in="upsample"
+        )
         if path != TRITON:
             return resized(level, size)
         device = level.device.type
