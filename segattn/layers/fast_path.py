@@ -69,8 +69,8 @@ def kernel_backend() -> str:
     value = os.environ.get(KERNEL_ENV, "") or "auto"
     if value not in KERNEL_BACKENDS:
         raise ValueError(
-            f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton or "
-            f"{' or '.join(OPT_IN)} (auto and that form)"
+            f"{KERNEL_ENV}={value!r}; expected auto (the default), torch, triton, "
+            f"{', '.join(OPT_IN[:-1])} or {OPT_IN[-1]} (auto and that form)"
         )
     if not functions_enabled():
         return PLAIN
