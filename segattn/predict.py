@@ -149,8 +149,8 @@ def write_outputs(
 
 
 def writer_threads() -> int:
-    """Threads encoding masks and overlays (Pillow's encoders release the GIL; a 12-megapixel overlay PNG
-    takes over a second to encode): half the cores, from 1 to ``MAX_WRITERS``."""
+    """Threads encoding masks and overlays (Pillow's encoders release the GIL, and a large overlay's PNG
+    costs more than its prediction; docs/performance.md): half the cores, from 1 to ``MAX_WRITERS``."""
     return max(1, min(MAX_WRITERS, (os.cpu_count() or 2) // 2))
 
 
@@ -164,10 +164,9 @@ def predict_files(
     num_workers: int,
 ) -> tuple[int, list[tuple[Path, str]]]:
     """Write the mask and overlay (the ``drawn`` classes coloured; None: the mask alone) of every readable
-    file; returns (written
-    count, [(file, reason) for skipped files]). ``model.predict`` takes ``inference.batch_size`` consecutive
-    images at a time (batched by size) while ``writer_threads`` write the images before them, at most that
-    many images waiting (memory stays bounded)."""
+    file; returns (written count, [(file, reason) for skipped files]). ``model.predict`` takes
+    ``inference.batch_size`` consecutive images at a time (batched by size) while ``writer_threads`` write
+    the images before them, at most that many images waiting (memory stays bounded)."""
     batch_size = model.settings(**inference)["batch_size"] or 1
     written, failed, batch = 0, [], []
     pending: deque[Future[None]] = deque()

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,10 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
         profiled = {row["size"] for row in csv.DictReader(profile)}
     assert profiled == {"64"}  # the step size only
     assert json.loads((tmp_path / "environment.json").read_text())["project_pins"]["torch"] == "2.14.1"
+
+
+def test_the_summary_judges_the_opt_in_forms_fast_path_has():
+    """.ci/device-summary runs without segattn installed, so it keeps its own copy of ``OPT_IN``."""
+    from segattn.layers.fast_path import OPT_IN
+
+    assert runpy.run_path(str(REPO / ".ci/device-summary"))["OPT_IN"] == OPT_IN
