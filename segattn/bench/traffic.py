@@ -17,10 +17,12 @@ each Triton operator is one op, charged its inputs and outputs, as its kernels r
 from __future__ import annotations
 
 import collections
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -107,18 +109,30 @@ class ModulePaths:
 
     def __init__(self, root: nn.Module) -> None:
         self.names = {id(module): name for name, module in root.named_modules()}
-        self.stack: list[str] = []
+        self.stack: list[tuple[str, FrameType]] = []  # (path, the frame calling its forward)
         self.node_paths: dict[Any, str] = {}
 
     def pre_hook(self, module: nn.Module, args: Any) -> None:
         name = self.names.get(id(module))
         if name is not None:
-            self.stack.append(name)
+            self.stack.append((name, sys._getframe(1)))
 
     def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         self.tag(output)  # before the pop: an output made by an autograd Function is the module's own
         if self.names.get(id(module)) is not None:
             self.stack.pop()
+
+    def running(self) -> str | None:
+        """The path of the innermost module whose forward is running, if any. A recompute in backward that
+        checkpointing stops once it has what backward needs exits its modules without their post hooks:
+        entries whose frame has returned are dropped first."""
+        live, frame = set(), sys._getframe(1)
+        while frame is not None:
+            live.add(id(frame))
+            frame = frame.f_back
+        while self.stack and id(self.stack[-1][1]) not in live:
+            self.stack.pop()
+        return self.stack[-1][0] if self.stack else None
 
     def tag(self, output: Any) -> None:
         if not self.stack:
@@ -126,7 +140,7 @@ class ModulePaths:
         for tensor in tree_leaves(output):
             node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
             if node is not None and node not in self.node_paths:
-                self.node_paths[node] = self.stack[-1]
+                self.node_paths[node] = self.stack[-1][0]
 
     def inherit(self, loss_node: Any) -> None:
         """Give each untagged node of the backward graph its consumer's path (an autograd Function's node,
@@ -174,7 +188,7 @@ class CountBytes(TorchDispatchMode):
         node = torch._C._current_autograd_node()
         # the running module (a forward, or one recomputed in backward), else the node's (None: the loss's
         # own gradient, or ops between modules in forward)
-        path = self.paths.stack[-1] if self.paths.stack else self.paths.node_paths.get(node, "model")
+        path = self.paths.running() or self.paths.node_paths.get(node, "model")
         phase = "backward" if self.in_backward else "forward"
         component = component_of(path)
         self.traffic.bytes[(component, phase)] += moved
