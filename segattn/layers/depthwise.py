@@ -1,6 +1,6 @@
 """Depthwise stride-1 'same' convolution on channels-last grids, with a fast CPU backward for kernels over
-3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it. Mix-FFN's conv + GELU also has a
-Triton operator (``depthwise_conv_gelu``, ``depthwise_triton``)."""
+3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it. Mix-FFN's fc1 bias, conv and GELU
+also have a Triton operator (``linear_conv_gelu``, ``depthwise_triton``)."""
 
 from __future__ import annotations
 
@@ -41,17 +41,20 @@ def depthwise_conv(images: Tensor, conv: torch.nn.Conv2d, backend: str | None = 
     )
 
 
-def depthwise_conv_gelu(tokens: Tensor, hw: HW, conv: torch.nn.Conv2d, backend: str | None = None) -> Tensor:
-    """Exact GELU of the 3×3 depthwise ``conv`` of [B, N, C] ``tokens`` on their ``hw`` grid, as [B, N, C]
-    tokens: Mix-FFN's middle. Where ``choose_path`` gives TRITON (CUDA tensors by default), one
-    operator that reads the tokens in place and keeps only them for backward (``depthwise_triton``); else
-    ``depthwise_conv`` then GELU."""
+def linear_conv_gelu(
+    tokens: Tensor, hw: HW, linear: torch.nn.Linear, conv: torch.nn.Conv2d, backend: str | None = None
+) -> Tensor:
+    """Exact GELU of the 3×3 depthwise ``conv`` of ``linear`` of [B, N, C] ``tokens`` on their ``hw`` grid,
+    as [B, N, C'] tokens: Mix-FFN's fc1 and middle. Where ``choose_path`` gives TRITON (CUDA tensors by
+    default), the linear's matmul then one operator that adds its bias, reads the tokens in place and keeps
+    only them for backward (``depthwise_triton``); else ``linear``, ``depthwise_conv`` and GELU."""
     path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True)  # whole: halos
-    if path == TRITON and conv.kernel_size == (3, 3) and conv.bias is not None:  # any C: channels are tiled
+    if path == TRITON and conv.kernel_size == (3, 3) and None not in (conv.bias, linear.bias):  # any C
         from . import depthwise_triton  # noqa: F401  (imports triton; registers segattn::depthwise_conv_gelu)
 
-        return torch.ops.segattn.depthwise_conv_gelu.default(tokens, conv.weight, conv.bias, *hw)
-    return F.gelu(from_grid(depthwise_conv(to_grid(tokens, hw), conv, backend)))
+        hidden = F.linear(tokens, linear.weight)
+        return torch.ops.segattn.depthwise_conv_gelu.default(hidden, linear.bias, conv.weight, conv.bias, *hw)
+    return F.gelu(from_grid(depthwise_conv(to_grid(linear(tokens), hw), conv, backend)))
 
 
 class DepthwiseConv(torch.autograd.Function):

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from segattn import layers
 from segattn.attention import AttentionBase, attention_options, build_attention
-from segattn.layers import HW, depthwise_conv_gelu, kernel_backend
+from segattn.layers import HW, kernel_backend, linear_conv_gelu
 from segattn.parallel import recompute_contexts
 
 LayerNorm = partial(layers.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
@@ -52,8 +52,9 @@ class MixFFN(nn.Module):
     """SegFormer/PVTv2 Mix-FFN: fc1 → 3×3 depthwise conv on the token grid → GELU → fc2.
 
     The depthwise conv gives position information at any resolution. Names match timm's
-    ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged. Conv and GELU are one Triton operator
-    where ``layers.choose_path`` says so (``kernel_backend``: the settings when it was built).
+    ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged. fc1's bias, conv and GELU are one
+    Triton operator where ``layers.choose_path`` says so (``kernel_backend``: the settings when it was
+    built).
     """
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
@@ -64,7 +65,7 @@ class MixFFN(nn.Module):
         self.kernel_backend = kernel_backend()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        return self.fc2(depthwise_conv_gelu(self.fc1(x), hw, self.dwconv, self.kernel_backend))
+        return self.fc2(linear_conv_gelu(x, hw, self.fc1, self.dwconv, self.kernel_backend))
 
 
 @contextmanager

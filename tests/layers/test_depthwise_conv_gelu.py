@@ -1,7 +1,7 @@
-"""Mix-FFN's depthwise 3×3 conv + GELU as one Triton operator (``segattn::depthwise_conv_gelu``): outputs and
-the gradients of input, weight and bias against conv2d(groups=C) + exact GELU in float64, ``opcheck`` on
-both operators, and ``MixFFN`` taking it under SEGATTN_KERNEL=triton with its parameters unchanged, in eager
-mode and compiled, but not when exported.
+"""Mix-FFN's fc1 bias + depthwise 3×3 conv + GELU as one Triton operator (``segattn::depthwise_conv_gelu``):
+outputs and the gradients of input, input bias, weight and bias against conv2d(groups=C) + exact GELU in
+float64, ``opcheck`` on the operator and its two backward operators, and ``MixFFN`` taking it under
+SEGATTN_KERNEL=triton with its parameters unchanged, in eager mode and compiled, but not when exported.
 
 On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled. Sizes are tiny
 and odd (the interpreter runs programs one by one)."""
@@ -30,19 +30,21 @@ SMALL = (3, 4)  # one tile: for the tests of the operator's plumbing, which run 
 
 def inputs(
     dtype: torch.dtype, channels: int = 20, batch: int = 2, hw: tuple[int, int] = (HEIGHT, WIDTH)
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Tokens [B, H·W, C] as a strided view (every other channel of a wider tensor), weight and bias."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Tokens [B, H·W, C] as a strided view (every other channel of a wider tensor), input bias, weight and
+    bias."""
     generator = torch.Generator().manual_seed(0)
     wide = torch.randn(batch, hw[0] * hw[1], 2 * channels, generator=generator)
+    input_bias = torch.randn(channels, generator=generator)
     weight = torch.randn(channels, 1, 3, 3, generator=generator)
     bias = torch.randn(channels, generator=generator)
     x = wide.to(DEVICE, dtype).requires_grad_()[..., ::2]
-    return x, weight.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
+    return x, *(t.to(DEVICE).requires_grad_() for t in (input_bias, weight, bias))
 
 
-def explicit(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """GELU(conv2d(x on the grid, groups=C) + bias) as tokens."""
-    images = x.transpose(1, 2).unflatten(-1, (HEIGHT, WIDTH))
+def explicit(x: Tensor, input_bias: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """GELU(conv2d(x + input_bias on the grid, zero-padded, groups=C) + bias) as tokens."""
+    images = (x + input_bias).transpose(1, 2).unflatten(-1, (HEIGHT, WIDTH))
     return F.gelu(F.conv2d(images, weight, bias, padding=1, groups=x.shape[-1])).flatten(2).transpose(1, 2)
 
 
@@ -50,11 +52,11 @@ def explicit(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 def test_conv_gelu_operator_matches_the_explicit_formula_with_its_gradients(
     dtype: torch.dtype, tolerance: float
 ) -> None:
-    x, weight, bias = inputs(dtype)
-    out = torch.ops.segattn.depthwise_conv_gelu(x, weight, bias, HEIGHT, WIDTH)
+    tensors = inputs(dtype)
+    out = torch.ops.segattn.depthwise_conv_gelu(*tensors, HEIGHT, WIDTH)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
-    grads = torch.autograd.grad(out, (x, weight, bias), grad)
-    exact = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    grads = torch.autograd.grad(out, tensors, grad)
+    exact = [t.detach().double().requires_grad_() for t in tensors]
     reference = explicit(*exact)
     reference_grads = torch.autograd.grad(reference, exact, grad.double())
     assert out.dtype == dtype and out.is_contiguous()
@@ -66,25 +68,25 @@ def test_conv_gelu_operator_matches_the_explicit_formula_with_its_gradients(
 def test_conv_gelu_backward_is_deterministic() -> None:
     """The weight and bias gradients are per-program partials summed in a fixed order, never atomics: two
     backward passes agree bit for bit."""
-    x, weight, bias = inputs(torch.float32)
-    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    args = (grad, x.detach(), weight.detach(), bias.detach(), HEIGHT, WIDTH)
-    first, second = (torch.ops.segattn.depthwise_conv_gelu_backward(*args) for _ in range(2))
+    tensors = inputs(torch.float32)
+    out = torch.ops.segattn.depthwise_conv_gelu(*tensors, HEIGHT, WIDTH)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    first, second = (torch.autograd.grad(out, tensors, grad, retain_graph=True) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 def test_conv_gelu_operators_pass_opcheck() -> None:
-    x, weight, bias = inputs(torch.float32, channels=8, batch=2, hw=SMALL)
-    args = (x, weight, bias, *SMALL)
-    checks = dict(torch.library.opcheck(torch.ops.segattn.depthwise_conv_gelu.default, args))
-    grad = torch.randn(x.shape, device=DEVICE)
-    backward = (grad, x.detach(), weight.detach(), bias.detach(), *SMALL)
-    checks |= {
-        f"backward {test}": result
-        for test, result in torch.library.opcheck(
-            torch.ops.segattn.depthwise_conv_gelu_backward.default, backward
-        ).items()
+    tensors = inputs(torch.float32, channels=8, batch=2, hw=SMALL)
+    ops = torch.ops.segattn
+    checks = dict(torch.library.opcheck(ops.depthwise_conv_gelu.default, (*tensors, *SMALL)))
+    grad = torch.randn(tensors[0].shape, device=DEVICE)
+    x, input_bias, weight, bias = (t.detach() for t in tensors)
+    backward = {
+        ops.depthwise_gelu_backward.default: (grad, x, input_bias, weight, bias, *SMALL),
+        ops.depthwise_conv_input_grad.default: (grad, weight, *SMALL),
     }
+    for op, args in backward.items():
+        checks |= {f"{op} {test}": result for test, result in torch.library.opcheck(op, args).items()}
     assert {test: result for test, result in checks.items() if result != "SUCCESS"} == {}
 
 
@@ -120,9 +122,10 @@ def test_mix_ffn_takes_the_operator_under_triton_with_its_parameters_unchanged(
     with OperatorNames() as names:
         out = fused(x, SMALL)
         out.sum().backward()
-    assert "segattn.depthwise_conv_gelu.default" in names.names
-    assert "segattn.depthwise_conv_gelu_backward.default" in names.names
+    for op in ("depthwise_conv_gelu", "depthwise_gelu_backward", "depthwise_conv_input_grad"):
+        assert f"segattn.{op}.default" in names.names
     assert not any("convolution" in name or "gelu" in name for name in names.names if "segattn" not in name)
+    assert names.names.count("aten.addmm.default") == 1  # fc2 only: fc1's bias is the operator's
     expected = plain(x, SMALL)
     expected.sum().backward()
     torch.testing.assert_close(out, expected)
