@@ -10,21 +10,17 @@ features. The stem, the downsampling and local blocks and their parameter names 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
-import torch
 from timm.models.efficientvit_mit import MBConv, ResidualBlock, Stem, build_local_block
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from segattn.attention import AttentionBase
 from segattn.attention.litemla import LiteMultiScaleAttention
 from segattn.layers import from_grid, to_grid
 
-from .blocks import AttentionSpec, running_stats_kept
+from .blocks import AttentionSpec, recompute_in_backward
 from .encoder import Encoder
 from .options import EfficientViTOptions
 
@@ -95,11 +91,6 @@ class EfficientViTStage(nn.Module):
         self.blocks = nn.Sequential(*blocks)
 
 
-def checkpoint_contexts(block: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """``checkpoint``'s context_fn: nothing around the forward, running statistics kept in the recompute."""
-    return nullcontext(), running_stats_kept(block)
-
-
 class EfficientViT(Encoder):
     """EfficientViT-B returning its four stages, [B, widths[i + 1], H / 2^(i+2), W / 2^(i+2)], i = 0..3.
     Built by ``create_efficientvit``; the options and their defaults are ``EfficientViTOptions``'."""
@@ -159,10 +150,7 @@ class EfficientViT(Encoder):
         return features
 
     def run_block(self, block: nn.Module, x: Tensor) -> Tensor:
-        if not (self.grad_checkpointing and torch.is_grad_enabled()):
-            return block(x)
-        # non-reentrant (DDP, inputs without grad); the recompute in backward leaves BatchNorm stats alone
-        return checkpoint(block, x, use_reentrant=False, context_fn=partial(checkpoint_contexts, block))
+        return recompute_in_backward(self.grad_checkpointing, block, x, keep_stats_of=block)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute every block (stem excepted) in backward."""
