@@ -88,8 +88,8 @@ class KernelCore:
 def run_kernel_core(
     core: KernelCore,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     backend: str | None,
     plain: Callable[[Tensor, Tensor, Tensor], Tensor],
     heads: int = 0,
@@ -97,13 +97,18 @@ def run_kernel_core(
     """``core`` on q, k, v ([B, h, N, d]) on the path ``layers.choose_path`` picks under ``backend``: the
     Triton kernels, the PyTorch Function (``autograd.kernel``) or ``plain(q, k, v)``, the variant's plain
     formula. ``heads`` > 0: q, k, v and the result are [B, N, C] tensors of that many heads, which the
-    Triton kernels read through strides and the other paths split and merge. A key softmax runs over all
-    tokens: on a band of a split image only the plain formula takes it."""
+    Triton kernels read through strides and the other paths split and merge; or q is the [B, N, 3C] qkv
+    whose column blocks they are, k and v None (the Triton kernels then write one ∂qkv: no concatenation
+    in backward). A key softmax runs over all tokens: on a band of a split image only the plain formula
+    takes it."""
     whole_image = core.key_map.name == "softmax_tokens"
-    head_dim = q.shape[-1] // heads if heads else q.shape[-1]
+    channels = q.shape[-1] // 3 if k is None else q.shape[-1]
+    head_dim = channels // heads if heads else channels
     path = choose_path(backend, q, triton_head_dim=head_dim, function=core.function, whole_image=whole_image)
     if path == TRITON:
         return kernel_attention_triton(q, k, v, core, heads)
+    if k is None:
+        q, k, v = q.chunk(3, dim=-1)
     if heads:
         split = (x.unflatten(-1, (heads, head_dim)).transpose(1, 2) for x in (q, k, v))
         return torch_core(path, core, *split, plain).transpose(1, 2).flatten(2)
@@ -193,15 +198,16 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Ten
 
 def linear_attention(
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     feature_map: str = "elu",
     eps: float = 1e-6,
     backend: str | None = None,
     heads: int = 0,
 ) -> Tensor:
     """Linear attention (Katharopoulos et al. 2020) with φ = elu(x) + 1 (or relu); q, k before φ; [B, N, C]
-    tensors of ``heads`` heads where that is > 0 (``run_kernel_core``)."""
+    tensors of ``heads`` heads where that is > 0, or q their [B, N, 3C] qkv, k and v None
+    (``run_kernel_core``)."""
     if feature_map not in LINEAR_FEATURE_MAPS:
         raise ValueError(
             f"linear_attention: feature_map={feature_map!r}; expected one of {LINEAR_FEATURE_MAPS}"

@@ -34,8 +34,15 @@ class LinearAttention(AttentionBase):
         self.feature_map = feature_map
         self.eps = eps
 
-    def mix_tokens(self, q: Tensor, k: Tensor, v: Tensor, hw: HW) -> Tensor:
-        """[B, N, C] in and out: the Triton kernels read the heads through strides (no views around them)."""
+    def forward(self, x: Tensor, hw: HW) -> Tensor:
+        """``AttentionBase.forward`` with the qkv projection handed to ``mix_tokens`` whole: the Triton
+        kernels read q, k, v as its column blocks and write one ∂qkv (autograd concatenates no ∂q, ∂k, ∂v)."""
+        self.check_tokens(x, hw)
+        return self.proj_drop(self.proj(self.mix_tokens(self.qkv(x), None, None, hw)))
+
+    def mix_tokens(self, q: Tensor, k: Tensor | None, v: Tensor | None, hw: HW) -> Tensor:
+        """[B, N, C] in and out: the Triton kernels read the heads through strides (no views around them);
+        or q the [B, N, 3C] qkv, k and v None (``run_kernel_core``)."""
         return linear_attention(q, k, v, self.feature_map, self.eps, self.kernel_backend, self.num_heads)
 
     def extra_repr(self) -> str:

@@ -32,7 +32,7 @@ if importlib.util.find_spec("triton") is None:
 from segattn.attention.autograd.kernel import KernelAttention
 from segattn.attention.functional import FeatureMap, KernelCore
 from segattn.attention.triton import functions, load_kernels
-from segattn.attention.triton.functions import kernel_attention_triton, polarity_attention_triton
+from segattn.attention.triton.functions import heads_view, kernel_attention_triton, polarity_attention_triton
 from segattn.attention.triton.launch import Blocks, Tuning, tuned
 from segattn.layers import FUSED_ENV, KERNEL_ENV, TRITON, choose_path, fast_path, kernel_backend
 
@@ -51,12 +51,21 @@ def forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KERNEL_ENV, "triton")
 
 
-def strided_qkv(tokens: int, d: int, dtype: torch.dtype, seed: int = 0, spread: float = 1.0) -> list[Tensor]:
-    """q, k, v [B, h, N, d]: head views of the column blocks of one [B, N, 3C] leaf."""
+def qkv_leaf(tokens: int, d: int, dtype: torch.dtype, seed: int = 0, spread: float = 1.0) -> Tensor:
+    """One [B, N, 3C] leaf, C = h·d: q, k, v are its column blocks."""
     generator = torch.Generator().manual_seed(seed)
     qkv = (spread * torch.randn(BATCH, tokens, 3 * HEADS * d, generator=generator)).to(DEVICE, dtype)
-    qkv.requires_grad_()
-    return [x.unflatten(-1, (HEADS, d)).transpose(1, 2) for x in qkv.chunk(3, dim=-1)]
+    return qkv.requires_grad_()
+
+
+def column_heads(qkv: Tensor) -> list[Tensor]:
+    """q, k, v [B, h, N, d]: head views of the column blocks of a [B, N, 3C] qkv."""
+    return [heads_view(x, HEADS) for x in qkv.chunk(3, dim=-1)]
+
+
+def strided_qkv(tokens: int, d: int, dtype: torch.dtype, seed: int = 0, spread: float = 1.0) -> list[Tensor]:
+    """q, k, v [B, h, N, d]: head views of the column blocks of one [B, N, 3C] leaf."""
+    return column_heads(qkv_leaf(tokens, d, dtype, seed, spread))
 
 
 def reference(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -74,19 +83,20 @@ def reference(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (phi_q @ (phi_k.mT @ v)) / (phi_q @ phi_k.sum(dim=-2, keepdim=True).mT + EPS)
 
 
-def triton_call(variant: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    n = k.shape[-2]
+def triton_call(variant: str, q: Tensor, k: Tensor | None, v: Tensor | None, heads: int = 0) -> Tensor:
+    """The variant on the Triton kernels: q, k, v [B, h, N, d], or q their [B, N, 3C] qkv (k, v None) of
+    ``heads`` heads."""
+    n = q.shape[-2] if k is None else k.shape[-2]
     if variant == "efficient_softmax":
-        maps = FeatureMap("softmax_channels"), FeatureMap("softmax_tokens")
-        return kernel_attention_triton(q, k, v, KernelCore(*maps, normalize=False))
-    if variant == "efficient_scale":
-        phi = FeatureMap("identity", n**-0.5)
-        return kernel_attention_triton(q, k, v, KernelCore(phi, phi, normalize=False))
-    if variant == "taylor":
+        core = KernelCore(FeatureMap("softmax_channels"), FeatureMap("softmax_tokens"), normalize=False)
+    elif variant == "efficient_scale":
+        core = KernelCore(FeatureMap("identity", n**-0.5), FeatureMap("identity", n**-0.5), normalize=False)
+    elif variant == "taylor":
         phi = FeatureMap("l2", eps=EPS)
-        return kernel_attention_triton(q, k, v, KernelCore(phi, phi, eps=EPS, taylor_term=True))
-    phi = FeatureMap(variant)
-    return kernel_attention_triton(q, k, v, KernelCore(phi, phi, eps=EPS))
+        core = KernelCore(phi, phi, eps=EPS, taylor_term=True)
+    else:
+        core = KernelCore(FeatureMap(variant), FeatureMap(variant), eps=EPS)
+    return kernel_attention_triton(q, k, v, core, heads)
 
 
 def relative_error(actual: Tensor, expected: Tensor) -> float:
@@ -100,30 +110,41 @@ def assert_close(labels: list[str], actual: list[Tensor], expected: list[Tensor]
     assert max(errors.values()) < tolerance, errors
 
 
-# (variant, N, d, dtype): every N, d, variant and dtype at least once. N = 1 with an unnormalised variant:
-# a normalised one returns v there whatever q and k, so their gradients are rounding noise.
+# (variant, N, d, dtype, packed): every N, d, variant and dtype at least once, as q, k, v; a few as the
+# packed qkv (k, v None), with its one gradient. N = 1 with an unnormalised variant: a normalised one
+# returns v there whatever q and k, so their gradients are rounding noise.
 CASES = [
-    ("efficient_scale", 1, 16, torch.float32),
-    ("relu", 7, 32, torch.bfloat16),
-    ("elu", 1000, 64, torch.float32),
-    ("taylor", 4099, 16, torch.float32),
-    ("taylor", 7, 64, torch.bfloat16),
-    ("efficient_softmax", 1000, 32, torch.float32),
-    ("efficient_softmax", 7, 16, torch.bfloat16),
-    ("efficient_scale", 1000, 16, torch.bfloat16),
-    ("relu", 4099, 32, torch.float32),
+    ("efficient_scale", 1, 16, torch.float32, False),
+    ("relu", 7, 32, torch.bfloat16, False),
+    ("elu", 1000, 64, torch.float32, False),
+    ("taylor", 4099, 16, torch.float32, False),
+    ("taylor", 7, 64, torch.bfloat16, False),
+    ("efficient_softmax", 1000, 32, torch.float32, False),
+    ("efficient_softmax", 7, 16, torch.bfloat16, False),
+    ("efficient_scale", 1000, 16, torch.bfloat16, False),
+    ("relu", 4099, 32, torch.float32, False),
+    ("elu", 300, 16, torch.float32, True),
+    ("relu", 7, 32, torch.bfloat16, True),
+    ("efficient_softmax", 7, 16, torch.float32, True),
 ]
 
 
-@pytest.mark.parametrize(("variant", "tokens", "d", "dtype"), CASES)
+@pytest.mark.parametrize(("variant", "tokens", "d", "dtype", "packed"), CASES)
 def test_kernel_attention_equals_the_float64_formula(
-    variant: str, tokens: int, d: int, dtype: torch.dtype
+    variant: str, tokens: int, d: int, dtype: torch.dtype, packed: bool
 ) -> None:
-    q, k, v = strided_qkv(tokens, d, dtype)
-    out = triton_call(variant, q, k, v)
+    qkv = qkv_leaf(tokens, d, dtype)
+    q, k, v = column_heads(qkv)
+    if packed:  # [B, N, C] out of the kernels; ∂qkv as one tensor (no concatenation in autograd)
+        out = heads_view(triton_call(variant, qkv, None, None, HEADS), HEADS)
+    else:
+        out = triton_call(variant, q, k, v)
     assert out.dtype == dtype and out.transpose(1, 2).is_contiguous()  # v's dtype, [B, N, C] memory
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
+    if packed:
+        grads = column_heads(torch.autograd.grad(out, qkv, upstream.to(dtype))[0])
+    else:
+        grads = torch.autograd.grad(out, (q, k, v), upstream.to(dtype))
     exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
     expected = reference(variant, *exact)
     expected_grads = torch.autograd.grad(expected, exact, upstream.to(dtype).double())

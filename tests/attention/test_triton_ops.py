@@ -74,17 +74,24 @@ def test_kernel_attention_operators_pass_opcheck(
     opcheck("kernel_attention_backward", (q, k, v, grad, saved, maps, scalars, tokens, taylor, 0))
 
 
-def test_kernel_attention_operators_take_tokens_by_channels() -> None:
-    """[B, N, C] q, k, v whose heads the kernels read through strides: the output is [B, N, C] too."""
-    q, k, v = (leaf(1, 5, HEADS * 16, seed=i) for i in range(3))
+@pytest.mark.parametrize("packed", [False, True], ids=["q, k, v", "qkv"])
+def test_kernel_attention_operators_take_tokens_by_channels(packed: bool) -> None:
+    """[B, N, C] q, k, v whose heads the kernels read through strides, or their [B, N, 3C] qkv (k, v None),
+    whose gradient the backward returns as one tensor: the output is [B, N, C] too."""
+    if packed:
+        q, k, v = leaf(1, 5, 3 * HEADS * 16, seed=0), None, None
+    else:
+        q, k, v = (leaf(1, 5, HEADS * 16, seed=i) for i in range(3))
     args = ([1, 1], [1.0, 0.0, 1.0, 0.0, 1.0, 1e-6], 1, True, False, HEADS)
     opcheck("kernel_attention", (q, k, v, *args))
     with torch.no_grad():
         out, *saved = torch.ops.segattn.kernel_attention(q, k, v, *args)
-    assert out.shape == v.shape
-    q, k, v = (t.detach() for t in (q, k, v))
+    assert out.shape == (1, 5, HEADS * 16)
+    q, k, v = (None if t is None else t.detach() for t in (q, k, v))
     grad = leaf(*out.shape, seed=1, grad=False)
     opcheck("kernel_attention_backward", (q, k, v, grad, saved, *args[:2], 1, False, HEADS))
+    grads = torch.ops.segattn.kernel_attention_backward(q, k, v, grad, saved, *args[:2], 1, False, HEADS)
+    assert [g.shape for g in grads] == [t.shape for t in (q, k, v) if t is not None]
 
 
 def test_focused_attention_operators_pass_opcheck() -> None:

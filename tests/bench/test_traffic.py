@@ -109,6 +109,16 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
     assert choose_path("auto", torch.ones(1, 1, 4, 8), triton_head_dim=8) != TRITON
 
 
+def test_a_gpu_paths_pvt_step_concatenates_no_attention_gradients():
+    """``linear`` on the Triton operators takes the qkv projection whole and returns one ∂qkv: autograd
+    has no ∂q, ∂k, ∂v to concatenate in the attention core's backward."""
+    cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
+    step = step_traffic(build_module(cfg, SegDataModule(**plain(cfg.data))), 1, 64, 64, device_paths="gpu")
+    backward = {op for component, op, phase in step.by_op if (component, phase) == (ATTENTION, "backward")}
+    assert "segattn.kernel_attention_backward" in backward
+    assert "aten.cat" not in backward
+
+
 def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in

@@ -79,15 +79,18 @@ def on_split(split: Split | None) -> AbstractContextManager:
     return nullcontext() if split is None else splitting(split.group, split.band)
 
 
-def kernel_attention_triton(q: Tensor, k: Tensor, v: Tensor, core: KernelCore, heads: int = 0) -> Tensor:
+def kernel_attention_triton(
+    q: Tensor, k: Tensor | None, v: Tensor | None, core: KernelCore, heads: int = 0
+) -> Tensor:
     """The kernel-attention ``core`` (``functional.KernelCore``) on the Triton kernels. q, k, v: [B, h, N, d]
     views of any strides, or (``heads`` > 0) [B, N, C] tensors whose heads the kernels read through
     strides, in fp32/bf16/fp16 (CUDA, or the CPU under Triton's interpreter); computed in fp32 whatever
-    autocast says; the result has v's shape, dtype and memory order."""
+    autocast says; the result has v's shape, dtype and memory order. With k and v None, q is the [B, N, 3C]
+    qkv whose column blocks are q, k, v (``heads`` > 0), and its gradient comes back as one tensor."""
     phi_q, phi_k = core.query_map, core.key_map
     maps = [MAP_KINDS.index(phi_q.name), MAP_KINDS.index(phi_k.name)]
     scalars = [phi_q.scale, phi_q.eps, phi_k.scale, phi_k.eps, 1.0, core.eps]
-    tokens = token_count(k.shape[-2]) if core.mean else 1
+    tokens = token_count((q if k is None else k).shape[-2]) if core.mean else 1
     options = (core.normalize, core.taylor_term, heads)
     return run("kernel_attention", q, k, v, maps, scalars, tokens, *options)[0]
 
@@ -108,7 +111,7 @@ def kernel_backward(ctx, grad: Tensor, *_) -> tuple:
         grads = ctx.impl.kernel_attention_backward(
             q, k, v, grad, saved, ctx.maps, ctx.scalars, ctx.tokens, ctx.taylor, ctx.heads
         )
-    return *grads, None, None, None, None, None, None
+    return *grads, *(None,) * (9 - len(grads))  # None for k, v beside a qkv (one gradient) and the options
 
 
 def focused_attention_triton(

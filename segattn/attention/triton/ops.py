@@ -13,7 +13,9 @@ forward's split again. Operators take plain scalars: a feature map is its number
 ``FeatureMap.name``'s place), scale and eps; several scalars travel as one list (each operator argument
 costs host time per call).
 
-- ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_backward -> (∂q, ∂k, ∂v)``;
+- ``kernel_attention(q, k, v, ...) -> (out, kv, inv, cols)``, ``kernel_attention_backward -> [∂q, ∂k, ∂v]``;
+  given one [B, N, 3C] qkv as q, k and v None (``blocks``), they read its column blocks and the backward
+  returns one ∂qkv, written block by block (autograd then concatenates no ∂q, ∂k, ∂v);
 - ``focused_attention(q, k, v, local, scale, ...) -> (out, kv, inv)``, ``focused_attention_backward ->
   (∂q, ∂k, ∂v, ∂(1/softplus(scale)))``;
 - ``polarity_attention(q, k, v, power, eps) -> (out, kv₁, inv₁, kv₂, inv₂)``, ``polarity_attention_backward
@@ -83,11 +85,18 @@ def band_sum() -> Callable[[Tensor], Tensor] | None:
     return token_reducer() if tokens_split() else None
 
 
+def blocks(*tensors: Tensor | None) -> tuple[Tensor, ...]:
+    """q, k, v: ``tensors`` without the Nones when three are given, else the column blocks of the one
+    [B, N, 3C] qkv given."""
+    given = [x for x in tensors if x is not None]
+    return tuple(given) if len(given) == 3 else given[0].chunk(3, dim=-1)
+
+
 @operator
 def kernel_attention(
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     maps: list[int],
     scalars: list[float],
     tokens: int,
@@ -95,11 +104,13 @@ def kernel_attention(
     taylor: bool,
     heads: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """q, k, v: [B, h, N, d] (``heads`` 0), or [B, N, C] split into ``heads``, as the output is; ``maps``:
-    φq's and φk's numbers (``MAP_KINDS``); ``scalars``: φq's scale and eps, φk's scale and eps, c and the
-    normaliser's eps; the context is scaled by c / ``tokens`` (a token count passes as an integer:
-    compiled code keeps it symbolic, where a float 1/N would be specialised on, one graph per size)."""
+    """q, k, v: [B, h, N, d] (``heads`` 0), or [B, N, C] split into ``heads``, as the output is (or q their
+    [B, N, 3C] qkv, k and v None: ``blocks``); ``maps``: φq's and φk's numbers (``MAP_KINDS``);
+    ``scalars``: φq's scale and eps, φk's scale and eps, c and the normaliser's eps; the context is scaled
+    by c / ``tokens`` (a token count passes as an integer: compiled code keeps it symbolic, where a float
+    1/N would be specialised on, one graph per size)."""
     (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, scale, eps) = maps, scalars
+    q, k, v = blocks(q, k, v)
     columns = key_softmax_columns(k, heads) if key_map == KEY_SOFTMAX else floats(k, 0)
     specs = (map_spec(query_map, query_scale, query_eps), map_spec(key_map, key_scale, key_eps, columns))
     out = output_like(q, v)
@@ -110,6 +121,7 @@ def kernel_attention(
 
 @register_fake("segattn::kernel_attention")
 def _(q, k, v, maps, scalars, tokens, normalize, taylor, heads):
+    q, k, v = blocks(q, k, v)
     (batch, heads, queries, d), (*_, dv) = as_heads(q, heads)[0], as_heads(v, heads)[0]
     inv = floats(q, batch * heads, queries) if normalize else floats(q, 0)
     columns = floats(k, batch * heads, 2, d) if maps[1] == KEY_SOFTMAX else floats(k, 0)
@@ -119,8 +131,8 @@ def _(q, k, v, maps, scalars, tokens, normalize, taylor, heads):
 @operator
 def kernel_attention_backward(
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     grad: Tensor,
     saved: list[Tensor],
     maps: list[int],
@@ -128,22 +140,23 @@ def kernel_attention_backward(
     tokens: int,
     taylor: bool,
     heads: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(∂q, ∂k, ∂v); ``saved``: the forward's kv, 1/den ([B·h, N]; empty, 1-d, without a normaliser) and
-    key softmax statistics; ``maps``, ``scalars``, ``tokens``, ``heads``: the forward's."""
+) -> list[Tensor]:
+    """[∂q, ∂k, ∂v], or [∂qkv] for a qkv given alone (``blocks``); ``saved``: the forward's kv, 1/den
+    ([B·h, N]; empty, 1-d, without a normaliser) and key softmax statistics; ``maps``, ``scalars``,
+    ``tokens``, ``heads``: the forward's."""
     (query_map, key_map), (query_scale, query_eps, key_scale, key_eps, scale, _), (kv, inv, columns) = (
         maps, scalars, saved
     )  # fmt: skip
     specs = (map_spec(query_map, query_scale, query_eps), map_spec(key_map, key_scale, key_eps, columns))
-    grads = tuple(empty_in_order(x, x.dtype) for x in (q, k, v))
-    inv = inv if inv.dim() == 2 else None
-    backward((q, k, v), grad, (kv, inv), grads, specs, scale / tokens, taylor, band_sum(), heads)
+    grads = [empty_in_order(x, x.dtype) for x in (q, k, v) if x is not None]
+    inv, factor = inv if inv.dim() == 2 else None, scale / tokens
+    backward(blocks(q, k, v), grad, (kv, inv), blocks(*grads), specs, factor, taylor, band_sum(), heads)
     return grads
 
 
 @register_fake("segattn::kernel_attention_backward")
 def _(q, k, v, grad, saved, maps, scalars, tokens, taylor, heads):
-    return tuple(empty_in_order(x, x.dtype) for x in (q, k, v))
+    return [empty_in_order(x, x.dtype) for x in (q, k, v) if x is not None]
 
 
 def inverse_scale(scale: Tensor) -> Tensor:
