@@ -83,7 +83,9 @@ def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_back
     # the recomputed forward is charged to the modules it reruns, where a recompute stopped early (once it
     # has what backward needs) once left the last module it entered charged with the rest of the backward
     for component in set(COMPONENTS) - {LOSS}:
-        assert recomputed.bytes[(component, "backward")] > plain_step.bytes[(component, "backward")], component
+        assert recomputed.bytes[(component, "backward")] > plain_step.bytes[(component, "backward")], (
+            component
+        )
     rows = plain_step.rows(bandwidth=1e12)
     assert [row["component"] for row in rows] == [*COMPONENTS, "total"]
     assert rows[-1]["ms_at_bandwidth"] == pytest.approx(plain_step.total / 1e9, abs=0.01)
@@ -157,11 +159,21 @@ class Doubled(torch.autograd.Function):
         return grad * 2
 
 
+class Masked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # an op whose out argument is named grad_input: reads x twice, writes once
+        return torch.ops.aten.threshold_backward.grad_input(x, x, 0.0, grad_input=torch.empty_like(x))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 class FunctionHead(nn.Module):
-    """A head whose output is made by an autograd Function (with an ``out=`` op inside): the head's."""
+    """A head whose output is made by autograd Functions (with out ops inside): the head's."""
 
     def forward(self, x):
-        return Doubled.apply(x)
+        return Masked.apply(Doubled.apply(x))
 
 
 def test_a_modules_function_output_and_out_tensors_are_charged_once_to_the_module():
@@ -170,8 +182,9 @@ def test_a_modules_function_output_and_out_tensors_are_charged_once_to_the_modul
     pixels = 4 * 4
     traffic = step_traffic(step, 1, 4, 4, precision="32-true", device_paths="cpu")
     convolution = 3 * pixels + 6 + 2 * pixels
-    # the Function's mul reads 2 channels and writes its out= tensor once; the allocation moves nothing
-    assert traffic.bytes[(HEAD, "forward")] == 4 * (convolution + 2 * (2 * pixels))
+    # the Function's mul reads 2 channels and writes its out= tensor once, the mask reads them twice and
+    # writes its grad_input= once; the allocations move nothing
+    assert traffic.bytes[(HEAD, "forward")] == 4 * (convolution + 2 * (2 * pixels) + 3 * (2 * pixels))
     assert traffic.bytes[(LOSS, "forward")] == 4 * (2 * pixels + 1)
     # the Function's backward (grad * 2) is the head's, not the loss's
     assert traffic.by_op[(HEAD, "aten.mul", "backward")] >= 2 * 4 * 2 * pixels
