@@ -2,16 +2,17 @@
 allocated or computed, so a 4096² step of any model is counted on a CPU in seconds.
 
 Each ATen op is charged the bytes of its tensor inputs and outputs (it reads each input and writes each output
-once; an out argument of its schema, ``out=`` or ``grad_input=``, is written, not read; views and ``empty``
-allocations move nothing). A forward op is charged to the innermost module running it, a module's output to
-that module; a backward op to the module whose forward created the autograd node it belongs to (a node made
-inside an autograd Function or by a view takes the component of the node that consumed its output). Ops of a
-forward recomputed in backward (``model.grad_checkpointing``) count as backward. The step is the
-LightningModule's own (``SegmentationModule.head_losses``: the configured loss, chunked or not, auxiliary head
-included), with ``bf16-mixed`` as autocast on the CPU (the CPU's autocast op list, which casts the same
-matmuls and convolutions as CUDA's). ``paths="gpu"`` takes the paths a CUDA device would
-(``fast_path.paths_of_a_gpu``): each Triton operator is one op, charged its inputs and outputs, as its kernels
-read and write them; ``paths="cpu"`` the PyTorch paths this CPU runs.
+once; an out argument of its schema, ``out=`` or ``grad_input=``, is written, not read, an input taken for its
+shape alone (``SHAPE_ONLY``) not read either; views and ``empty`` allocations move nothing). A forward op is
+charged to the innermost module running it, a module's output to that module; a backward op to the module
+whose forward created the autograd node it belongs to (a node made inside an autograd Function or by a view
+takes the component of the node that consumed its output). Ops of a forward recomputed in backward
+(``model.grad_checkpointing``) count as backward. The step is the LightningModule's own
+(``SegmentationModule.head_losses``: the configured loss, chunked or not, auxiliary head included), with
+``bf16-mixed`` as autocast on the CPU (the CPU's autocast op list, which casts the same matmuls and
+convolutions as CUDA's). ``paths="gpu"`` takes the paths a CUDA device would (``fast_path.paths_of_a_gpu``):
+each Triton operator is one op, charged its inputs and outputs, as its kernels read and write them;
+``paths="cpu"`` the PyTorch paths this CPU runs.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ MOVES_NOTHING = {  # allocations, and the view matmul reshapes its result by (no
     torch.ops.aten.empty_like,
     torch.ops.aten.empty_strided,
     torch.ops.aten.new_empty,
+}
+SHAPE_ONLY = {  # inputs an op takes for their shape, dtype or device alone: not read
+    torch.ops.aten.new_zeros: "self",
+    torch.ops.aten.new_ones: "self",
+    torch.ops.aten.new_full: "self",
+    torch.ops.aten.zeros_like: "self",
+    torch.ops.aten.ones_like: "self",
+    torch.ops.aten.full_like: "self",
+    torch.ops.aten.nll_loss_backward: "self",  # fills ∂input from the target alone
+    torch.ops.aten.nll_loss2d_backward: "self",
 }
 
 
@@ -181,9 +192,10 @@ class CountBytes(TorchDispatchMode):
         output = func(*args, **(kwargs or {}))
         if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in MOVES_NOTHING:
             return output  # metadata queries, views and allocations move no bytes
-        kwargs = kwargs or {}
-        written = {arg.name for arg in func._schema.arguments if arg.is_out}  # out=, grad_input=: not read
-        reads = (args, {key: value for key, value in kwargs.items() if key not in written})
+        arguments = func._schema.arguments
+        unread = {arg.name for arg in arguments if arg.is_out} | {SHAPE_ONLY.get(func.overloadpacket)}
+        positional = zip((arg.name for arg in arguments), args, strict=False)  # the rest: kwargs or defaults
+        reads = [value for name, value in [*positional, *(kwargs or {}).items()] if name not in unread]
         tensors = [t for t in tree_leaves((reads, output)) if isinstance(t, torch.Tensor)]
         moved = sum(t.numel() * t.element_size() for t in tensors)
         node = torch._C._current_autograd_node()

@@ -6,6 +6,7 @@ import csv
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from train_overrides import TINY_MODEL
 
@@ -234,3 +235,22 @@ def test_the_traffic_kernel_key_takes_every_segattn_kernel_value():
     from segattn.layers.fast_path import KERNEL_BACKENDS
 
     assert SCHEMAS["bench/traffic"].rules["kernel"][0] == f"one of {', '.join(KERNEL_BACKENDS)}"
+
+
+class NllStep(OneConvStep):
+    """A step whose loss starts from ``new_zeros`` and adds an NLL of the head's map."""
+
+    def head_losses(self, images, masks):
+        logits = self.model.head(images)
+        return logits.new_zeros(()) + F.nll_loss(logits, masks), None
+
+
+def test_inputs_taken_for_their_shape_alone_are_not_read():
+    """``new_zeros`` reads nothing of its tensor, and NLL's backward fills ∂input from the target alone."""
+    height, width = 8, 6
+    pixels = height * width
+    traffic = step_traffic(NllStep(), 1, height, width, precision="32-true")
+    assert traffic.by_op[(LOSS, "aten.new_zeros", "forward")] == 4  # the scalar written
+    # the scalar gradient and total weight read, the int64 target read, ∂input (2 channels) written
+    nll_backward = traffic.by_op[(LOSS, "aten.nll_loss2d_backward", "backward")]
+    assert nll_backward == 4 * 2 + 8 * pixels + 4 * 2 * pixels
