@@ -32,12 +32,12 @@ from torch.library import custom_op, register_autograd, register_fake
 
 PROGRAMS_PER_SM = 4  # the walking kernels' programs per multiprocessor
 INTERPRETER_PROGRAMS = 2
-NUM_WARPS = 4
+NUM_WARPS = 8  # 4 spill at 128 classes
 
 
 @triton.jit
 def tile_offsets(b, channels, pixels, sb, sc, sp, C, P):
-    """Offsets and mask of a [channels, pixels] tile of image b in a [B, C, P] tensor of strides (sb, sc, sp)."""
+    """Offsets and mask of a [channels, pixels] tile of image b in [B, C, P] of strides (sb, sc, sp)."""
     mask = (channels < C)[:, None] & (pixels < P)[None, :]
     offsets = b.to(tl.int64) * sb + channels.to(tl.int64)[:, None] * sc + pixels.to(tl.int64)[None, :] * sp
     return offsets, mask
@@ -62,9 +62,10 @@ def normed_tile(x_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, b, channels, pix
 def dot_operand(t, dtype, COMPILED: tl.constexpr):
     """t rounded to ``dtype``, the dots' input type; held in fp32 under the interpreter, whose bf16 dot
     reads the bits wrong."""
-    if COMPILED:
-        return t.to(dtype)
-    return t.to(dtype).to(tl.float32)
+    t = t.to(dtype)
+    if not COMPILED:
+        t = t.to(tl.float32)
+    return t
 
 
 @triton.jit
@@ -111,7 +112,9 @@ def classifier_kernel(
     acc = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
     for start in range(0, C, BLOCK_C):
         channels = start + tl.arange(0, BLOCK_C)
-        y, _ = normed_tile(x_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, b, channels, pixels, sxb, sxc, sxp, C, P)
+        y, _ = normed_tile(
+            x_ptr, mean_ptr, rstd_ptr, gamma_ptr, beta_ptr, b, channels, pixels, sxb, sxc, sxp, C, P
+        )
         w = class_tile(w_ptr, b, classes, channels, K, C, dtype, COMPILED)
         acc += tl.dot(w, dot_operand(y, dtype, COMPILED), input_precision="ieee")
     acc += tl.load(bias_ptr + classes, mask=classes < K, other=0.0).to(tl.float32)[:, None]
@@ -179,14 +182,15 @@ def input_grad_kernel(
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def blocks(channels: int, classes: int, compiled: bool) -> tuple[int, int, int]:
-    """(pixels, channels, padded classes) per program: 64 × 64 up to 32 classes and 32 × 32 for more
-    compiled; under the interpreter (one program at a time, a fixed cost per operation) 64 pixels and up
-    to 256 channels."""
+def blocks(channels: int, classes: int, compiled: bool, accumulating: bool = False) -> tuple[int, int, int]:
+    """(pixels, channels, padded classes) per program: compiled, 64 × 32, and 32 × 32 for
+    ``classifier_backward_kernel`` (``accumulating``), which spilled at 64 × 32 with 4 warps (ptxas, sm_90:
+    at most 180 registers a thread, up to 128 classes, none spilled); under the interpreter (one program at
+    a time, a fixed cost per operation) 64 pixels and up to 256 channels."""
     padded = max(16, triton.next_power_of_2(classes))
     if not compiled:
         return 64, max(16, min(256, triton.next_power_of_2(channels))), padded
-    return (64, 64, padded) if padded <= 32 else (32, 32, padded)
+    return 32 if accumulating else 64, 32, padded
 
 
 def walking_programs(x: Tensor, pixel_blocks: int, others: int) -> int:
@@ -241,8 +245,8 @@ def norm_relu_classifier(
     out = torch.empty(batch, classes, *x.shape[2:], dtype=out_dtype, device=x.device)
     block_p, block_c, block_k = blocks(channels, classes, x.is_cuda)
     classifier_kernel[(triton.cdiv(pixels, block_p), batch)](
-        flat, mean, rstd, gamma, beta, weight.contiguous(), bias, out, *flat.stride(), channels, classes, pixels,
-        BLOCK_P=block_p, BLOCK_C=block_c, BLOCK_K=block_k, COMPILED=x.is_cuda, num_warps=NUM_WARPS,
+        flat, mean, rstd, gamma, beta, weight.contiguous(), bias, out, *flat.stride(), channels, classes,
+        pixels, BLOCK_P=block_p, BLOCK_C=block_c, BLOCK_K=block_k, COMPILED=x.is_cuda, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
 
@@ -261,7 +265,7 @@ def norm_relu_classifier_backward(
     flat, grad = x.flatten(2), grad.contiguous()
     batch, channels, pixels = flat.shape
     classes = weight.shape[1]
-    block_p, block_c, block_k = blocks(channels, classes, x.is_cuda)
+    block_p, block_c, block_k = blocks(channels, classes, x.is_cuda, accumulating=True)
     pixel_blocks, channel_blocks = triton.cdiv(pixels, block_p), triton.cdiv(channels, block_c)
     programs = walking_programs(x, pixel_blocks, batch * channel_blocks)
     partials = torch.empty(batch, programs, 2, channels, dtype=torch.float32, device=x.device)
@@ -290,8 +294,8 @@ def norm_relu_input_grad(
     weight: Tensor,
     coefficients: Tensor,
 ) -> Tensor:
-    """∂x = a·∂n − b − x̂·c (``coefficients`` [3, C] fp32: a, b, c per channel) in x's dtype and layout, with ∂n
-    recomputed from the logits' gradient as ``norm_relu_classifier_backward`` does."""
+    """∂x = a·∂n − b − x̂·c (``coefficients`` [3, C] fp32: a, b, c per channel) in x's dtype and layout,
+    ∂n recomputed from the logits' gradient as ``norm_relu_classifier_backward`` does."""
     flat, grad = x.flatten(2), grad.contiguous()
     grad_x = torch.empty_like(x)
     grad_flat = grad_x.flatten(2)

@@ -83,7 +83,9 @@ def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_back
     # the recomputed forward is charged to the modules it reruns, where a recompute stopped early (once it
     # has what backward needs) once left the last module it entered charged with the rest of the backward
     for component in set(COMPONENTS) - {LOSS}:
-        assert recomputed.bytes[(component, "backward")] > plain_step.bytes[(component, "backward")], component
+        assert recomputed.bytes[(component, "backward")] > plain_step.bytes[(component, "backward")], (
+            component
+        )
     rows = plain_step.rows(bandwidth=1e12)
     assert [row["component"] for row in rows] == [*COMPONENTS, "total"]
     assert rows[-1]["ms_at_bandwidth"] == pytest.approx(plain_step.total / 1e9, abs=0.01)
@@ -112,18 +114,25 @@ def test_gpu_paths_count_each_triton_operator_as_one_op_and_leave_the_cpu_paths_
 def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
-    the head), ``triton`` every form, ``torch`` none."""
+    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``triton`` every form, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
     default = {"segattn.kernel_attention", "segattn.depthwise_conv_gelu", "segattn.layer_norm"}
     loss = {"segattn.seg_loss_sums"}
+    head = {
+        "segattn.batch_stats",
+        "segattn.norm_relu_classifier",
+        "segattn.norm_relu_classifier_backward",
+        "segattn.norm_relu_input_grad",
+    }
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
     for kernel, expected, bilinear_head in [
         ("auto", default, True),
         ("loss", default | loss, True),
         ("upsample", default, False),
-        ("triton", default | loss, False),
+        ("head", default | head, True),
+        ("triton", default | loss | head, False),
         ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
@@ -131,7 +140,7 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
-        assert operators & (default | loss) == expected, kernel
+        assert operators & (default | loss | head) == expected, kernel
         head_ops = {op for component, op, _ in step.by_op if component == HEAD}
         assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
         assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
