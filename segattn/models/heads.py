@@ -94,7 +94,7 @@ class MLPHead(nn.Module):
         self.kernel_backend = kernel_backend()
 
     def forward(self, features: list[Tensor]) -> Tensor:
-        fused = self.fused(features)  # fuse = conv, then BN; the ReLU follows here
+        fused = self.fused(features)  # fuse's conv; its BN and the ReLU follow here
         if not self.training:
             return self.classifier(self.fuse.bn(fused).relu_())
         ones = torch.ones(*fused.shape[:2], 1, 1, dtype=fused.dtype, device=fused.device)
@@ -111,17 +111,10 @@ class MLPHead(nn.Module):
         operators: where ``choose_path`` takes the opt-in ``head`` form (SEGATTN_KERNEL=head or triton), for
         a plain BatchNorm (timm's without act or dropout; not a SyncBatchNorm) with running statistics, at
         most ``MAX_HEAD_DIM`` classes and more than one value per channel (else BN's own error)."""
-        bn = self.fuse.bn
-        plain = (
-            type(bn) is BatchNormAct2d
-            and isinstance(bn.act, nn.Identity)
-            and isinstance(bn.drop, nn.Identity)
-        )
-        if (
-            not (plain and bn.track_running_stats)
-            or self.num_classes > MAX_HEAD_DIM
-            or fused[:, 0].numel() < 2
-        ):
+        bn = self.fuse.bn  # built without act or dropout (apply_act=False); another class once converted
+        if type(bn) is not BatchNormAct2d or not bn.track_running_stats or fused[:, 0].numel() < 2:
+            return False
+        if self.num_classes > MAX_HEAD_DIM:
             return False
         path = choose_path(  # whole: the batch statistics are over every pixel
             self.kernel_backend, fused, triton_head_dim=1, function=False, whole_image=True, opt_in="head"

@@ -176,3 +176,19 @@ def test_mlp_head_on_the_operators_equals_the_pytorch_path_with_its_parameter_gr
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     for name, buffer in plain.fuse.bn.named_buffers():
         torch.testing.assert_close(getattr(head.fuse.bn, name), buffer, rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_head_on_the_operators_compiles_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile (one graph, no break) the operators and the running statistics' update stay in
+    it, with eager's logits."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    monkeypatch.setenv(KERNEL_ENV, "head")
+    with paths_of_a_gpu():
+        head = MLPHead([8, 16], num_classes=5, channels=12, dropout=0.0).to(DEVICE)
+        features = [torch.randn(2, 8, 6, 6, device=DEVICE), torch.randn(2, 16, 3, 3, device=DEVICE)]
+        eager = head(features)
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(head, backend=counter, fullgraph=True)(features)
+    assert counter.frame_count == 1 and head.fuse.bn.num_batches_tracked.item() == 2
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
