@@ -13,10 +13,10 @@ import pytest
 import torch
 
 # Triton's interpreter for the Triton kernel tests (attention/, layers/test_depthwise_conv_gelu.py,
-# training/test_fused_loss.py) on machines without a CUDA device. TRITON_INTERPRET is read when triton is
-# first imported, which any import of torch._dynamo does (segattn's and the helpers' imports below among
-# them): it is set here, before them. Harmless to the other tests: nothing else runs Triton kernels on the
-# CPU. With a CUDA device the kernels run compiled.
+# layers/test_head_triton.py, training/test_fused_loss.py) on machines without a CUDA device.
+# TRITON_INTERPRET is read when triton is first imported, which any import of torch._dynamo does (segattn's
+# and the helpers' imports below among them): it is set here, before them. Harmless to the other tests:
+# nothing else runs Triton kernels on the CPU. With a CUDA device the kernels run compiled.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

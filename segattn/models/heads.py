@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import ConvNormAct
+from timm.layers import BatchNormAct2d, ConvNormAct
 from timm.models.efficientvit_mit import MBConv, ResidualBlock
 from torch import Tensor, nn
 
 from ..layers import TRITON, choose_path, kernel_backend, resample_grid
+from ..layers.fast_path import MAX_HEAD_DIM
 
 
 def resized(x: Tensor, size: torch.Size) -> Tensor:
@@ -77,7 +78,8 @@ class MLPHead(nn.Module):
     Dropout2d's channel mask is drawn as it would be and folded into the classifier's weight per image, and
     the ReLU goes with the classifier (``ReluClassifier``), so backward holds no more maps than the plain
     order did. Same parameters (``fuse`` is the conv and BN; the ReLU has none) and function.
-    ``kernel_backend`` (read when built) decides how the levels are upsampled (``upsampled``).
+    ``kernel_backend`` (read when built) decides how the levels are upsampled (``upsampled``) and whether
+    the BN, ReLU and classifier of a training step run as Triton operators (``takes_head_operators``).
     """
 
     def __init__(
@@ -92,13 +94,32 @@ class MLPHead(nn.Module):
         self.kernel_backend = kernel_backend()
 
     def forward(self, features: list[Tensor]) -> Tensor:
-        normed = self.fuse.bn(self.fused(features))  # fuse = conv, then BN; the ReLU follows here
+        fused = self.fused(features)  # fuse's conv; its BN and the ReLU follow here
         if not self.training:
-            return self.classifier(normed.relu_())
-        ones = torch.ones(*normed.shape[:2], 1, 1, dtype=normed.dtype, device=normed.device)
+            return self.classifier(self.fuse.bn(fused).relu_())
+        ones = torch.ones(*fused.shape[:2], 1, 1, dtype=fused.dtype, device=fused.device)
         keep = self.dropout(ones).flatten(1)  # the channel mask Dropout2d draws for the fused map
         weight = self.classifier.weight.flatten(1) * keep[:, None, :]  # [B, classes, channels]
-        return ReluClassifier.apply(normed, weight, self.classifier.bias)
+        if self.takes_head_operators(fused):
+            from ..layers.head_triton import batch_norm_relu_classifier  # imports triton
+
+            return batch_norm_relu_classifier(fused, self.fuse.bn, weight, self.classifier.bias)
+        return ReluClassifier.apply(self.fuse.bn(fused), weight, self.classifier.bias)
+
+    def takes_head_operators(self, fused: Tensor) -> bool:
+        """Whether a training step on ``fused`` runs BN, ReLU and classifier as ``layers.head_triton``'s
+        operators: where ``choose_path`` takes the opt-in ``head`` form (SEGATTN_KERNEL=head or triton), for
+        a plain BatchNorm (timm's without act or dropout; not a SyncBatchNorm) with running statistics, at
+        most ``MAX_HEAD_DIM`` classes and more than one value per channel (else BN's own error)."""
+        bn = self.fuse.bn  # built without act or dropout (apply_act=False); another class once converted
+        if type(bn) is not BatchNormAct2d or not bn.track_running_stats or fused[:, 0].numel() < 2:
+            return False
+        if self.num_classes > MAX_HEAD_DIM:
+            return False
+        path = choose_path(  # whole: the batch statistics are over every pixel
+            self.kernel_backend, fused, triton_head_dim=1, function=False, whole_image=True, opt_in="head"
+        )
+        return path == TRITON
 
     def fused(self, features: list[Tensor]) -> Tensor:
         """The fusion conv's output before its BN and ReLU: [B, channels, H_0, W_0]."""

@@ -7,8 +7,9 @@ this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` 
 Each feature map's forward and backward code is compiled once (``backward_kernel``'s second phase uses both),
 each kernel with its branches on, the widest head dim with its block size, and the stats and focusing
 kernels. A second child counts the binaries a sweep of token counts needs, from Triton's own specialisation
-keys. The fused loss's kernels (``training.loss_kernels``), Mix-FFN's (``layers.depthwise_triton``) and
-LayerNorm's (``layers.layer_norm_triton``) are checked for spills here too.
+keys. The fused loss's kernels (``training.loss_kernels``), Mix-FFN's (``layers.depthwise_triton``),
+LayerNorm's (``layers.layer_norm_triton``), the decode head's (``layers.head_triton``) are checked for
+spills here too.
 """
 
 from __future__ import annotations
@@ -199,6 +200,31 @@ def layer_norm_spills() -> list[str]:
     return lines
 
 
+def head_spills() -> list[str]:
+    """The decode head's kernels (``layers.head_triton``) at their blocks for 256 channels (pvt-b0's head)
+    and 19 classes (Cityscapes) and 128 (the most it takes), bf16 maps: "name classes registers spills"."""
+    from segattn.layers import head_triton as H
+
+    half = ("x_ptr", "out_ptr", "grad_ptr", "dx_ptr")
+    lines = []
+    for classes in (19, 128):
+        for fn in (H.stats_kernel, H.classifier_kernel, H.classifier_backward_kernel, H.input_grad_kernel):
+            accumulating = fn is H.classifier_backward_kernel
+            block_p, block_c, block_k = H.blocks(256, classes, compiled=True, accumulating=accumulating)
+            constants = {"BLOCK_P": block_p, "BLOCK_C": block_c}
+            if fn is not H.stats_kernel:
+                constants |= {"BLOCK_K": block_k, "COMPILED": True}
+            registers, spilled = ptxas_report(fn, constants, H.NUM_WARPS, half, {})
+            lines.append(f"{fn.__name__} {classes} {registers} {spilled}")
+    return lines
+
+
+def test_the_head_kernels_compile_for_sm90_without_spilling() -> None:
+    rows = [line.split() for line in run_child("head").stdout.splitlines()]
+    assert len(rows) == 8, rows
+    assert [row for row in rows if row[3] != "0"] == []
+
+
 def test_the_layer_norm_kernels_compile_for_sm90_without_spilling() -> None:
     rows = [line.split() for line in run_child("layer_norm").stdout.splitlines()]
     assert len(rows) == 8, rows
@@ -301,5 +327,6 @@ if __name__ == "__main__":
         "loss": loss_spills,
         "mix_ffn": mix_ffn_spills,
         "layer_norm": layer_norm_spills,
+        "head": head_spills,
     }
     print("\n".join(modes.get(sys.argv[1] if sys.argv[1:] else "", compile_all)()))

@@ -125,18 +125,25 @@ def test_a_gpu_paths_pvt_step_concatenates_no_attention_gradients():
 def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
-    the head), ``triton`` every form, ``torch`` none."""
+    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``triton`` every form, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
     default = {"segattn.kernel_attention", "segattn.depthwise_conv_gelu", "segattn.layer_norm"}
     loss = {"segattn.seg_loss_sums"}
+    head = {
+        "segattn.batch_stats",
+        "segattn.norm_relu_classifier",
+        "segattn.norm_relu_classifier_backward",
+        "segattn.norm_relu_input_grad",
+    }
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
     for kernel, expected, bilinear_head in [
         ("auto", default, True),
         ("loss", default | loss, True),
         ("upsample", default, False),
-        ("triton", default | loss, False),
+        ("head", default | head, True),
+        ("triton", default | loss | head, False),
         ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
@@ -144,7 +151,7 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
-        assert operators & (default | loss) == expected, kernel
+        assert operators & (default | loss | head) == expected, kernel
         head_ops = {op for component, op, _ in step.by_op if component == HEAD}
         assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
         assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
