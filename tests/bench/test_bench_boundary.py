@@ -24,7 +24,7 @@ def test_segattn_kernel_is_checked_before_the_out_dir(tmp_path, monkeypatch, cap
     status, line = ended(["op", "grid=smoke", f"out={out}"], capsys)
     assert status == EXIT_CONFIG
     assert line == (
-        f"{PROG} op: SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, loss or "
-        "upsample (auto and that form)"
+        f"{PROG} op: SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, loss, "
+        "upsample or head (auto and that form)"
     )
     assert not out.exists()
