@@ -14,8 +14,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm import layers as timm_layers
-from timm.layers import LayerScale, Mlp, trunc_normal_
+from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -116,21 +115,6 @@ def both(first: AbstractContextManager, second: AbstractContextManager) -> Itera
         yield
 
 
-class DropPath(timm_layers.DropPath):
-    """timm's per-sample stochastic depth, applied to a residual branch as it is added (``added_to``)."""
-
-    def added_to(self, x: Tensor, branch: Tensor) -> Tensor:
-        """x + self(branch). In training, one addcmul with the per-sample keep mask, drawn as timm draws it,
-        where the plain order writes the dropped branch before the add reads it again."""
-        if not self.training or self.drop_prob == 0.0:
-            return x + branch
-        keep = 1 - self.drop_prob
-        mask = branch.new_empty((branch.shape[0],) + (1,) * (branch.dim() - 1)).bernoulli_(keep)
-        if keep > 0.0 and self.scale_by_keep:
-            mask.div_(keep)
-        return torch.addcmul(x, branch, mask)
-
-
 class Checkpointable(nn.Module):
     """A module that ``set_block_checkpointing`` switches: its forward runs through
     ``recompute_in_backward(self.grad_checkpointing, ...)``."""
@@ -159,18 +143,18 @@ class Block(Checkpointable):
         self.norm1 = norm_layer(dim, feeds_matmul=True)
         self.attn = attn
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path1 = DropPath(drop_path)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim, feeds_matmul=True)
         self.mlp = mlp
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path2 = DropPath(drop_path)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
         return recompute_in_backward(self.grad_checkpointing, self.residual_branches, x, hw)
 
     def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
-        x = self.drop_path1.added_to(x, self.ls1(self.attn(self.norm1(x), hw)))
-        return self.drop_path2.added_to(x, self.ls2(self.mlp(self.norm2(x), hw)))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), hw)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x), hw)))
 
 
 def set_block_checkpointing(module: nn.Module, enable: bool) -> None:
