@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import _engine_run_backward as run_backward
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 # Components in the order a table lists them; ``component_of`` maps a module path to one.
 FEED_FORWARD = "feed-forward (Mix-FFN / MLP)"
@@ -178,6 +179,26 @@ class TagOutputs(TorchFunctionMode):
         return output
 
 
+# Functions whose ops CUDA's autocast runs in fp32 and the CPU's in their input's dtype (torch's
+# autocast_mode.h, AT_FORALL_FP32 against the CPU's list): interpolate's upsample_*, the norms
+CUDA_FP32_ONLY = {"interpolate", "layer_norm", "group_norm"}
+
+
+class CudaAutocast(TorchFunctionMode):
+    """Under the CPU's autocast, the ops CUDA's autocast alone runs in fp32 (``CUDA_FP32_ONLY``) get their
+    lower-precision inputs cast to fp32 first, as CUDA's autocast casts them: the casts and the fp32 maps a
+    GPU step writes are counted."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", None) in CUDA_FP32_ONLY and torch.is_autocast_enabled("cpu"):
+            args, kwargs = tree_map_only(torch.Tensor, upcast, (args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
+
 class CountBytes(TorchDispatchMode):
     """Charges each ATen op its tensors' bytes, to the running module (forward) or the module of the autograd
     node being run (backward)."""
@@ -247,6 +268,8 @@ def step_traffic(
         masks = torch.zeros(batch, height, width, dtype=torch.long)
         counter = stack.enter_context(CountBytes(paths))
         stack.enter_context(module_hooks(paths))
+        if device_paths == "gpu":
+            stack.enter_context(CudaAutocast())
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
         with autocast, TagOutputs(paths):
             loss, aux_loss = module.head_losses(images, masks)
@@ -254,7 +277,11 @@ def step_traffic(
                 loss = loss + module.model.aux_weight * aux_loss
         paths.inherit(loss.grad_fn)
         counter.in_backward = True
-        loss.backward()
+        # the engine itself: loss.backward() is a torch function, and a mode steps aside while one runs, so a
+        # checkpoint's recompute inside it would miss CudaAutocast's rules
+        run_backward(
+            (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True
+        )
     return counter.traffic
 
 

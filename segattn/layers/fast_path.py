@@ -42,13 +42,20 @@ GPU_PATHS = contextvars.ContextVar("GPU_PATHS", default=False)  # set by ``paths
 @contextmanager
 def paths_of_a_gpu() -> Iterator[None]:
     """Choose, for CPU tensors, the paths CUDA tensors would take (the Triton operators where "auto" gives
-    them), for fake tensors only: ``bench traffic`` counts a GPU's step on a CPU, where nothing runs and each
-    operator is one op of its fake implementation."""
+    them, and CUDA's autocast dtypes where a module picks its own: ``on_a_gpu``), for fake tensors only:
+    ``bench traffic`` counts a GPU's step on a CPU, where nothing runs and each operator is one op of its
+    fake implementation."""
     token = GPU_PATHS.set(True)
     try:
         yield
     finally:
         GPU_PATHS.reset(token)
+
+
+def on_a_gpu(x: Tensor) -> bool:
+    """Whether ``x`` takes a CUDA device's paths and autocast rules: a CUDA tensor, or any under
+    ``paths_of_a_gpu``."""
+    return x.is_cuda or GPU_PATHS.get()
 
 
 def functions_enabled() -> bool:
@@ -174,7 +181,7 @@ def takes_triton(backend: str, x: Tensor, head_dim: int, widening: int) -> bool:
     if torch.compiler.is_compiling() and tokens_split():
         return False
     width = head_dim * widening
-    on_gpu = x.is_cuda or GPU_PATHS.get()
+    on_gpu = on_a_gpu(x)
     if backend == "auto":
         return on_gpu and triton_installed() and width <= MAX_HEAD_DIM
     if width > MAX_HEAD_DIM:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .fast_path import TRITON, choose_path, kernel_backend
+from .fast_path import TRITON, choose_path, kernel_backend, on_a_gpu
 
 MAX_CHANNELS = 1024  # the widest rows the Triton operator's tile holds
 
@@ -37,13 +37,13 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x)
 
     def out_dtype(self, x: Tensor) -> torch.dtype:
-        """The operator's output dtype for ``x`` (see the class)."""
+        """The operator's output dtype for ``x`` (see the class; CUDA's rule ``on_a_gpu``)."""
         device = x.device.type
         if not torch.is_autocast_enabled(device):
             return x.dtype
         if self.feeds_matmul:
             return torch.get_autocast_dtype(device)
-        return torch.float32 if device == "cuda" else x.dtype
+        return torch.float32 if on_a_gpu(x) else x.dtype
 
     def takes_triton(self, x: Tensor) -> bool:
         """Whether a call on ``x`` takes the operator: one normalised axis of at most ``MAX_CHANNELS``, with

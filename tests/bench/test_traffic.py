@@ -261,3 +261,25 @@ def test_inputs_taken_for_their_shape_alone_are_not_read():
     # the scalar gradient and total weight read, the int64 target read, ∂input (2 channels) written
     nll_backward = traffic.by_op[(LOSS, "aten.nll_loss2d_backward", "backward")]
     assert nll_backward == 4 * 2 + 8 * pixels + 4 * 2 * pixels
+
+
+def test_gpu_paths_count_cuda_autocasts_fp32_ops_in_fp32():
+    """Under ``paths=gpu`` the CPU's autocast is given CUDA's rules where they differ: interpolate and
+    LayerNorm run in fp32 (a norm that feeds only a matmul writes the autocast dtype), matmuls in bf16."""
+    from segattn.bench.traffic import CudaAutocast
+    from segattn.layers import LayerNorm
+    from segattn.layers.fast_path import paths_of_a_gpu
+
+    images = torch.randn(1, 4, 6, 6, dtype=torch.bfloat16)
+    tokens = torch.randn(1, 36, 4, dtype=torch.bfloat16)
+    stream, pre_norm = LayerNorm(4), LayerNorm(4, feeds_matmul=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.interpolate(images, size=(12, 12), mode="bilinear").dtype == torch.bfloat16
+        assert stream.out_dtype(tokens) == torch.bfloat16  # the CPU's rule: the input's dtype
+        with CudaAutocast():
+            assert F.interpolate(images, size=(12, 12), mode="bilinear").dtype == torch.float32
+            assert F.layer_norm(images, (6,)).dtype == torch.float32
+            assert (images @ images).dtype == torch.bfloat16
+        with paths_of_a_gpu():
+            assert stream.out_dtype(tokens) == torch.float32  # CUDA's: fp32 whatever the input
+            assert pre_norm.out_dtype(tokens) == torch.bfloat16
