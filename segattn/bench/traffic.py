@@ -9,10 +9,11 @@ whose forward created the autograd node it belongs to (a node made inside an aut
 takes the component of the node that consumed its output). Ops of a forward recomputed in backward
 (``model.grad_checkpointing``) count as backward. The step is the LightningModule's own
 (``SegmentationModule.head_losses``: the configured loss, chunked or not, auxiliary head included), with
-``bf16-mixed`` as autocast on the CPU (the CPU's autocast op list, which casts the same matmuls and
-convolutions as CUDA's). ``paths="gpu"`` takes the paths a CUDA device would (``fast_path.paths_of_a_gpu``):
-each Triton operator is one op, charged its inputs and outputs, as its kernels read and write them;
-``paths="cpu"`` the PyTorch paths this CPU runs.
+``bf16-mixed`` as autocast on the CPU (which casts the same matmuls and convolutions as CUDA's).
+``paths="gpu"`` takes the paths a CUDA device would (``fast_path.paths_of_a_gpu``): each Triton operator is
+one op, charged its inputs and outputs, as its kernels read and write them, and CUDA's autocast rules where
+they differ from the CPU's (``CudaAutocast``; LayerNorm's own output dtype); ``paths="cpu"`` the PyTorch
+paths this CPU runs under the CPU's rules.
 """
 
 from __future__ import annotations
