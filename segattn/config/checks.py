@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ConfigError
 from ..images import DOWNSAMPLE, as_hw, is_downsample
 from ..inference.device import DEVICE_FORMS, is_device
+from ..layers.fast_path import KERNEL_BACKENDS
 from ..tiling import (
     INFERENCE,
     NO_WINDOW,
@@ -311,7 +312,7 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             **{key: at_least(1) for key in ("size", "batch", "num_classes")},
             "precision": one_of(("bf16-mixed", "32-true")),
             "paths": one_of(("gpu", "cpu")),
-            "kernel": one_of(("auto", "torch", "triton", "loss", "upsample", "head")),  # fast_path's
+            "kernel": one_of(KERNEL_BACKENDS),
             "bandwidth": ("a number > 0 (bytes/s)", positive_number),
         }
     ),

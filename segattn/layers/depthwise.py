@@ -1,6 +1,7 @@
 """Depthwise stride-1 'same' convolution on channels-last grids, with a fast CPU backward for kernels over
 3×3: FLatten's depthwise conv on V and Mix-FFN's 3×3 conv share it. Mix-FFN's fc1 bias, conv and GELU
-also have a Triton operator (``linear_conv_gelu``, ``depthwise_triton``)."""
+also have a Triton operator (``linear_conv_gelu``, ``depthwise_triton``), and the whole Mix-FFN an opt-in
+form (``mix_ffn``, ``mix_ffn_triton``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from torch.autograd.function import once_differentiable
 
 from .fast_path import FUNCTION, TRITON, choose_path
 from .grid import HW, from_grid, to_grid
+
+MAX_FFN_CHANNELS = 256  # the widest tokens ``mix_ffn``'s operators take: wider ones spilled registers
 
 
 def dense_channels_last(images: Tensor) -> Tensor:
@@ -55,6 +58,28 @@ def linear_conv_gelu(
         hidden = F.linear(tokens, linear.weight)
         return torch.ops.segattn.depthwise_conv_gelu.default(hidden, linear.bias, conv.weight, conv.bias, *hw)
     return F.gelu(from_grid(depthwise_conv(to_grid(linear(tokens), hw), conv, backend)))
+
+
+def mix_ffn(
+    tokens: Tensor,
+    hw: HW,
+    fc1: torch.nn.Linear,
+    conv: torch.nn.Conv2d,
+    fc2: torch.nn.Linear,
+    backend: str | None = None,
+) -> Tensor:
+    """Mix-FFN, ``fc2`` of ``linear_conv_gelu``, on [B, N, C] tokens. Where ``choose_path`` takes the opt-in
+    ``ffn`` form (SEGATTN_KERNEL=ffn or triton), for a 3×3 conv with every bias and at most
+    ``mix_ffn_triton.MAX_CHANNELS`` token features: fc1's matmul and Triton operators that never write the
+    activation or the hidden gradient (``mix_ffn_triton``)."""
+    path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True, opt_in="ffn")
+    biased = None not in (fc1.bias, conv.bias, fc2.bias)
+    if path == TRITON and conv.kernel_size == (3, 3) and biased and tokens.shape[-1] <= MAX_FFN_CHANNELS:
+        from .mix_ffn_triton import MixFFNFunction  # imports triton
+
+        parameters = (fc1.weight, fc1.bias, conv.weight, conv.bias, fc2.weight, fc2.bias)
+        return MixFFNFunction.apply(tokens, *parameters, *hw)
+    return fc2(linear_conv_gelu(tokens, hw, fc1, conv, backend))
 
 
 class DepthwiseConv(torch.autograd.Function):

@@ -31,7 +31,7 @@ from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
 KERNEL_ENV = "SEGATTN_KERNEL"  # one of KERNEL_BACKENDS; "auto" by default
-OPT_IN = ("loss", "upsample", "head")  # fast forms "auto" leaves out until a GPU run times them faster
+OPT_IN = ("loss", "upsample", "head", "ffn")  # fast forms "auto" leaves out until a GPU run times them faster
 KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take

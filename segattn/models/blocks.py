@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from segattn import layers
 from segattn.attention import AttentionBase, attention_options, build_attention
-from segattn.layers import HW, kernel_backend, linear_conv_gelu
+from segattn.layers import HW, kernel_backend, mix_ffn
 from segattn.parallel import recompute_contexts
 
 LayerNorm = partial(layers.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
@@ -53,8 +53,8 @@ class MixFFN(nn.Module):
 
     The depthwise conv gives position information at any resolution. Names match timm's
     ``MlpWithDepthwiseConv`` so pvt_v2 checkpoints load unchanged. fc1's bias, conv and GELU are one
-    Triton operator where ``layers.choose_path`` says so (``kernel_backend``: the settings when it was
-    built).
+    Triton operator, or the whole of it Triton operators, where ``layers.choose_path`` says so
+    (``layers.mix_ffn``; ``kernel_backend``: the settings when it was built).
     """
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
@@ -65,7 +65,7 @@ class MixFFN(nn.Module):
         self.kernel_backend = kernel_backend()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        return self.fc2(linear_conv_gelu(x, hw, self.fc1, self.dwconv, self.kernel_backend))
+        return mix_ffn(x, hw, self.fc1, self.dwconv, self.fc2, self.kernel_backend)
 
 
 @contextmanager

@@ -7,9 +7,9 @@ this one has TRITON_INTERPRET=1 (tests/conftest.py), under which ``triton.jit`` 
 Each feature map's forward and backward code is compiled once (``backward_kernel``'s second phase uses both),
 each kernel with its branches on, the widest head dim with its block size, and the stats and focusing
 kernels. A second child counts the binaries a sweep of token counts needs, from Triton's own specialisation
-keys. The fused loss's kernels (``training.loss_kernels``), Mix-FFN's (``layers.depthwise_triton``),
-LayerNorm's (``layers.layer_norm_triton``), the decode head's (``layers.head_triton``) are checked for
-spills here too.
+keys. The fused loss's kernels (``training.loss_kernels``), Mix-FFN's (``layers.depthwise_triton``, and
+the ``ffn`` form's, ``layers.mix_ffn_triton``), LayerNorm's (``layers.layer_norm_triton``), the decode
+head's (``layers.head_triton``) are checked for spills here too.
 """
 
 from __future__ import annotations
@@ -184,6 +184,26 @@ def mix_ffn_spills() -> list[str]:
     return lines
 
 
+def ffn_spills() -> list[str]:
+    """The ``ffn`` form's kernels (``layers.mix_ffn_triton``) at their blocks for pvt-b0's first stage (32
+    channels, 256 hidden) and the widest tokens they take (256, 1024 hidden), bf16 and fp32: "name channels
+    dtype registers spills" per kernel."""
+    from segattn.layers import mix_ffn_triton as M
+    from segattn.layers.depthwise import MAX_FFN_CHANNELS
+
+    walking = (M.gelu_backward_kernel, M.fc1_grad_kernel)
+    lines = []
+    for channels in (32, MAX_FFN_CHANNELS):
+        for dtype in ("bf16", "fp32"):
+            half = ("h_ptr", "g_ptr", "out_ptr", "dpre_ptr", "dx_ptr", "x_ptr") if dtype == "bf16" else ()
+            for fn in (M.forward_kernel, M.input_grad_kernel, *walking):
+                block_p, block_h, block_c = M.blocks(4 * channels, channels, True, walking=fn in walking)
+                constants = {"BLOCK_P": block_p, "BLOCK_H": block_h, "BLOCK_C": block_c, "COMPILED": True}
+                registers, spilled = ptxas_report(fn, constants, M.NUM_WARPS, half, {})
+                lines.append(f"{fn.__name__} {channels} {dtype} {registers} {spilled}")
+    return lines
+
+
 def layer_norm_spills() -> list[str]:
     """LayerNorm's kernels at their tiles for 32 channels (pvt-b0's stage 1) and 1024 (the widest), fp32 rows
     normalised into bf16 (autocast) and fp32 throughout: "name channels dtype registers spills" per kernel."""
@@ -238,6 +258,14 @@ def test_the_mix_ffn_kernels_compile_for_sm90_without_spilling() -> None:
     rows = [line.split() for line in run_child("mix_ffn").stdout.splitlines()]
     assert len(rows) == 6, rows
     assert [row for row in rows if row[3] != "0"] == []
+
+
+def test_the_ffn_form_kernels_compile_for_sm90_without_spilling() -> None:
+    """At 32 hidden channels and 4 warps the walking kernels spilled in fp32 (24 bytes a thread at 32 token
+    channels, 292 at 64); 512 token channels spilled at every block tried."""
+    rows = [line.split() for line in run_child("ffn").stdout.splitlines()]
+    assert len(rows) == 16, rows
+    assert [row for row in rows if row[4] != "0"] == []
 
 
 def test_the_loss_kernels_compile_for_sm90_without_spilling() -> None:
@@ -326,6 +354,7 @@ if __name__ == "__main__":
         "spills": spills,
         "loss": loss_spills,
         "mix_ffn": mix_ffn_spills,
+        "ffn": ffn_spills,
         "layer_norm": layer_norm_spills,
         "head": head_spills,
     }

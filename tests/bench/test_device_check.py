@@ -169,13 +169,13 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
     paths = r".*by kernel path .*: auto [\d.]+ ms, loss [\d.]+ ms, upsample [\d.]+ ms, head [\d.]+ ms, "
-    paths += r"torch [\d.]+ ms"
+    paths += r"ffn [\d.]+ ms, torch [\d.]+ ms"
     assert re.fullmatch(paths, summary[4]), summary
     verdicts = [line for line in summary if line.startswith("opt-in ")]
-    for verdict, name in zip(verdicts, ("loss", "upsample", "head"), strict=True):
+    for verdict, name in zip(verdicts, ("loss", "upsample", "head", "ffn"), strict=True):
         assert re.fullmatch(rf"opt-in {name} .*: (joins auto|stays opt-in) \(.*\)", verdict), summary
     tests = [line for line in summary if line.startswith("CUDA tests ")]
-    assert len(tests) == 12, tests
+    assert len(tests) == 13, tests
     assert all(re.search(r": collected, not run \(\d+ tests\)$", line) for line in tests), tests
     with (tmp_path / "model/model_profile.csv").open() as profile:
         profiled = {row["size"] for row in csv.DictReader(profile)}

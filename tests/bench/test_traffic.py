@@ -125,11 +125,15 @@ def test_a_gpu_paths_pvt_step_concatenates_no_attention_gradients():
 def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
-    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``triton`` every form, ``torch`` none."""
+    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``ffn`` Mix-FFN's operators in place of
+    the conv + GELU one, ``triton`` every form, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
     default = {"segattn.kernel_attention", "segattn.depthwise_conv_gelu", "segattn.layer_norm"}
+    conv_gelu = {"segattn.depthwise_conv_gelu"}
+    ffn = {"segattn.mix_ffn", "segattn.mix_ffn_gelu_backward", "segattn.mix_ffn_input_grad"}
+    ffn.add("segattn.mix_ffn_fc1_grad")
     loss = {"segattn.seg_loss_sums"}
     head = {
         "segattn.batch_stats",
@@ -143,7 +147,8 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
         ("loss", default | loss, True),
         ("upsample", default, False),
         ("head", default | head, True),
-        ("triton", default | loss | head, False),
+        ("ffn", default - conv_gelu | ffn, True),
+        ("triton", default - conv_gelu | loss | head | ffn, False),
         ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
@@ -151,7 +156,7 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
-        assert operators & (default | loss | head) == expected, kernel
+        assert operators & (default | loss | head | ffn) == expected, kernel
         head_ops = {op for component, op, _ in step.by_op if component == HEAD}
         assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
         assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
