@@ -311,7 +311,8 @@ SCHEMAS: dict[str, Schema] = {  # by command: the name of its file in conf/
             **{key: at_least(1) for key in ("size", "batch", "num_classes")},
             "precision": one_of(("bf16-mixed", "32-true")),
             "paths": one_of(("gpu", "cpu")),
-            "kernel": one_of(("auto", "torch", "triton", "loss", "upsample", "head")),  # fast_path's
+            # fast_path's KERNEL_BACKENDS
+            "kernel": one_of(("auto", "torch", "triton", "loss", "upsample", "head", "residual")),
             "bandwidth": ("a number > 0 (bytes/s)", positive_number),
         }
     ),

@@ -125,7 +125,9 @@ def test_a_gpu_paths_pvt_step_concatenates_no_attention_gradients():
 def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkeypatch):
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
-    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``triton`` every form, ``torch`` none."""
+    the head), ``head`` its BatchNorm + ReLU + classifier operators, ``residual`` the blocks' first residual
+    add in their second norm (fewer bytes in the norms and adds than auto's), ``triton`` every form,
+    ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
@@ -137,13 +139,16 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
         "segattn.norm_relu_classifier_backward",
         "segattn.norm_relu_input_grad",
     }
+    residual = {"segattn.residual_layer_norm", "segattn.residual_layer_norm_backward"}
+    norms = {}
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
     for kernel, expected, bilinear_head in [
         ("auto", default, True),
         ("loss", default | loss, True),
         ("upsample", default, False),
         ("head", default | head, True),
-        ("triton", default | loss | head, False),
+        ("residual", default | residual, True),
+        ("triton", default | loss | head | residual, False),
         ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
@@ -151,10 +156,12 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
-        assert operators & (default | loss | head) == expected, kernel
+        assert operators & (default | loss | head | residual) == expected, kernel
         head_ops = {op for component, op, _ in step.by_op if component == HEAD}
         assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
         assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
+        norms[kernel] = step.bytes[(NORMS, "forward")] + step.bytes[(NORMS, "backward")]
+    assert norms["residual"] < norms["auto"]
 
 
 class Doubled(torch.autograd.Function):
