@@ -11,8 +11,9 @@ tensors the Triton kernels that a GPU run has measured faster than their PyTorch
 Mix-FFN's conv + GELU, LayerNorm) when triton is installed, ``torch`` never, ``triton`` every one, and the
 name of an opt-in form (``OPT_IN``: the fused loss, slower than the PyTorch loss on an H200,
 docs/performance.md; the decode head's upsampling as matmuls, untimed, on the Triton rules though not
-Triton; the decode head's BatchNorm + ReLU + classifier, untimed) ``auto`` plus that one, so that a GPU run
-can time it against ``auto`` alone.
+Triton; the decode head's BatchNorm + ReLU + classifier, untimed; Mix-FFN's conv + GELU + fc2, untimed; a
+block's first residual add in its second LayerNorm, untimed) ``auto`` plus that one, so that a GPU run can
+time it against ``auto`` alone.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ..parallel import tokens_split
 
 FUSED_ENV = "SEGATTN_FUSED"  # "0": plain autograd formulas; unset, "" or "1": the Functions (default)
 KERNEL_ENV = "SEGATTN_KERNEL"  # one of KERNEL_BACKENDS; "auto" by default
-OPT_IN = ("loss", "upsample", "head", "ffn")  # fast forms "auto" leaves out until a GPU run times them faster
+# fast forms "auto" leaves out until a GPU run times them faster
+OPT_IN = ("loss", "upsample", "head", "ffn", "residual")
 KERNEL_BACKENDS = ("auto", "torch", "triton", *OPT_IN)
 PLAIN, FUNCTION, TRITON = "plain", "function", "triton"  # the paths; PLAIN is also a module's backend
 MAX_HEAD_DIM = 128  # the widest features the Triton kernels take

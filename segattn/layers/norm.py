@@ -36,6 +36,25 @@ class LayerNorm(nn.LayerNorm):
             )[0]
         return super().forward(x)
 
+    def after_residual(self, x: Tensor, branch: Tensor, drop_path: nn.Module) -> tuple[Tensor, Tensor]:
+        """(s, this norm of s) for a block's residual add s = x + drop_path(branch): one Triton operator
+        (``residual_layer_norm``) where ``takes_triton`` takes the opt-in ``residual`` form for the pair, else
+        the add and ``forward``. The operator takes drop_path's factor per image (timm's ``DropPath``: the
+        same draw) as it multiplies a [B, 1, ...] tensor of ones; Identity or in eval: none."""
+        fits = branch.shape == x.shape and torch.promote_types(x.dtype, branch.dtype) == x.dtype
+        if not (fits and self.takes_triton(x, opt_in="residual")):
+            summed = x + drop_path(branch)
+            return summed, self(summed)
+        from . import layer_norm_triton  # noqa: F401  (imports triton; registers segattn::residual_layer_norm)
+
+        scale = None
+        if drop_path.training and not isinstance(drop_path, nn.Identity):
+            scale = drop_path(branch.new_ones(branch.shape[:1] + (1,) * (branch.ndim - 1))).flatten().float()
+        summed, y, _, _ = torch.ops.segattn.residual_layer_norm.default(
+            x, branch, scale, self.weight, self.bias, self.eps, self.out_dtype(x)
+        )
+        return summed, y
+
     def out_dtype(self, x: Tensor) -> torch.dtype:
         """The operator's output dtype for ``x`` (see the class; CUDA's rule ``on_a_gpu``)."""
         device = x.device.type
@@ -45,10 +64,10 @@ class LayerNorm(nn.LayerNorm):
             return torch.get_autocast_dtype(device)
         return torch.float32 if on_a_gpu(x) else x.dtype
 
-    def takes_triton(self, x: Tensor) -> bool:
+    def takes_triton(self, x: Tensor, opt_in: str | None = None) -> bool:
         """Whether a call on ``x`` takes the operator: one normalised axis of at most ``MAX_CHANNELS``, with
-        weight and bias, on ``choose_path``'s Triton path."""
+        weight and bias, on ``choose_path``'s Triton path (for the form named ``opt_in``, if any)."""
         shaped = len(self.normalized_shape) == 1 and self.normalized_shape[0] <= MAX_CHANNELS
         affine = self.weight is not None and self.bias is not None
-        path = choose_path(self.kernel_backend, x, triton_head_dim=1, function=False)
+        path = choose_path(self.kernel_backend, x, triton_head_dim=1, function=False, opt_in=opt_in)
         return shaped and affine and path == TRITON

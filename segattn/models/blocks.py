@@ -123,7 +123,8 @@ class Checkpointable(nn.Module):
 
 
 class Block(Checkpointable):
-    """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw).
+    """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw); the first add and
+    norm2 are one operator on the opt-in ``residual`` form (``LayerNorm.after_residual``).
 
     ``grad_checkpointing`` recomputes the block in backward (``recompute_in_backward``).
     ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
@@ -153,8 +154,8 @@ class Block(Checkpointable):
         return recompute_in_backward(self.grad_checkpointing, self.residual_branches, x, hw)
 
     def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), hw)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x), hw)))
+        x, normed = self.norm2.after_residual(x, self.ls1(self.attn(self.norm1(x), hw)), self.drop_path1)
+        return x + self.drop_path2(self.ls2(self.mlp(normed, hw)))
 
 
 def set_block_checkpointing(module: nn.Module, enable: bool) -> None:

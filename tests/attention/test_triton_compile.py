@@ -206,17 +206,23 @@ def ffn_spills() -> list[str]:
 
 def layer_norm_spills() -> list[str]:
     """LayerNorm's kernels at their tiles for 32 channels (pvt-b0's stage 1) and 1024 (the widest), fp32 rows
-    normalised into bf16 (autocast) and fp32 throughout: "name channels dtype registers spills" per kernel."""
+    normalised into bf16 (autocast) and fp32 throughout, alone and with the residual add (a bf16 branch, its
+    factor per image, s's gradient; fp32 throughout): "name channels dtype registers spills" per kernel."""
     from segattn.layers import layer_norm_triton as N
 
+    halves = {"bf16": ("y_ptr", "grad_ptr", "branch_ptr", "dbranch_ptr"), "fp32": ()}
     lines = []
     for channels in (32, 1024):
         rows, padded = N.tile(channels)
-        constants = {"BLOCK_ROWS": rows, "BLOCK_C": padded}
-        for dtype, half in (("bf16", ("y_ptr", "grad_ptr")), ("fp32", ())):
-            for fn in (N.layer_norm_kernel, N.layer_norm_backward_kernel):
-                registers, spilled = ptxas_report(fn, constants, 4, half, {})
-                lines.append(f"{fn.__name__} {channels} {dtype} {registers} {spilled}")
+        for residual in (False, True):
+            constants = {"BLOCK_ROWS": rows, "BLOCK_C": padded, "RESIDUAL": residual, "SCALED": residual}
+            for dtype, half in halves.items():
+                for fn in (N.layer_norm_kernel, N.layer_norm_backward_kernel):
+                    backward = {"GRAD_SUM": residual} if fn is N.layer_norm_backward_kernel else {}
+                    warps = N.RESIDUAL_BACKWARD_WARPS if residual and backward else 4
+                    registers, spilled = ptxas_report(fn, constants | backward, warps, half, {})
+                    name = fn.__name__ + ("+residual" if residual else "")
+                    lines.append(f"{name} {channels} {dtype} {registers} {spilled}")
     return lines
 
 
@@ -247,7 +253,7 @@ def test_the_head_kernels_compile_for_sm90_without_spilling() -> None:
 
 def test_the_layer_norm_kernels_compile_for_sm90_without_spilling() -> None:
     rows = [line.split() for line in run_child("layer_norm").stdout.splitlines()]
-    assert len(rows) == 8, rows
+    assert len(rows) == 16, rows
     assert [row for row in rows if row[4] != "0"] == []
 
 

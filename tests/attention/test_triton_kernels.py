@@ -394,7 +394,7 @@ def test_kernel_backend_reads_the_setting(
 
 def test_kernel_backend_refuses_other_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KERNEL_ENV, "cuda")
-    expected = r"SEGATTN_KERNEL='cuda'; expected auto .*, loss, upsample, head or ffn \(auto and that form\)"
+    expected = r"SEGATTN_KERNEL='cuda'; expected auto .*, head, ffn or residual \(auto and that form\)"
     with pytest.raises(ValueError, match=expected):
         kernel_backend()
 

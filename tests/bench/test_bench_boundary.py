@@ -25,6 +25,6 @@ def test_segattn_kernel_is_checked_before_the_out_dir(tmp_path, monkeypatch, cap
     assert status == EXIT_CONFIG
     assert line == (
         f"{PROG} op: SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, loss, "
-        "upsample, head or ffn (auto and that form)"
+        "upsample, head, ffn or residual (auto and that form)"
     )
     assert not out.exists()

@@ -65,6 +65,8 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
         "pvt:size=b0,bf16,4096,1,linear@loss,0.0495,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@upsample,0.048,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@head,0.0505,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@ffn,0.047,ok,\n"
+        "pvt:size=b0,bf16,4096,1,linear@residual,0.0492,ok,\n"
         "pvt:size=b0,bf16,4096,1,linear@triton,0.0625,ok,\n"
         "pvt:size=b0,bf16,4096,1,sra,0.2,ok,\n"
     )
@@ -121,13 +123,16 @@ def test_the_summary_says_met_not_met_or_not_measured_per_target(tmp_path):
     )
     assert lines[4] == (
         "pvt-b0 linear 4096² training step by kernel path (a measurement, no target): auto 50.0 ms, "
-        "torch 45.0 ms, loss 49.5 ms, upsample 48.0 ms, head 50.5 ms, triton 62.5 ms"
+        "torch 45.0 ms, loss 49.5 ms, upsample 48.0 ms, head 50.5 ms, ffn 47.0 ms, residual 49.2 ms, "
+        "triton 62.5 ms"
     )
     criterion = "at 4096² (joins auto when >= 2% faster than auto in the same run)"
     assert lines[5] == f"opt-in loss {criterion}: stays opt-in (49.5 ms against 50.0 ms, +1.0%)"
     assert lines[6] == f"opt-in upsample {criterion}: joins auto (48.0 ms against 50.0 ms, +4.0%)"
     assert lines[7] == f"opt-in head {criterion}: stays opt-in (50.5 ms against 50.0 ms, -1.0%)"
-    assert lines[8:12] == [
+    assert lines[8] == f"opt-in ffn {criterion}: joins auto (47.0 ms against 50.0 ms, +6.0%)"
+    assert lines[9] == f"opt-in residual {criterion}: stays opt-in (49.2 ms against 50.0 ms, +1.6%)"
+    assert lines[10:14] == [
         "CUDA tests tests/a/test_ops.py: failed (test_x[2])",
         "CUDA tests tests/b/test_loss.py: passed",
         "CUDA tests tests/b/test_cut.py: not finished: 1 of 2 tests reported before the cut",
@@ -169,10 +174,10 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert len([line for line in summary[:4] if ": met (" in line or ": not met (" in line]) == 4, summary
     paths = r".*by kernel path .*: auto [\d.]+ ms, loss [\d.]+ ms, upsample [\d.]+ ms, head [\d.]+ ms, "
-    paths += r"ffn [\d.]+ ms, torch [\d.]+ ms"
+    paths += r"ffn [\d.]+ ms, residual [\d.]+ ms, torch [\d.]+ ms"
     assert re.fullmatch(paths, summary[4]), summary
     verdicts = [line for line in summary if line.startswith("opt-in ")]
-    for verdict, name in zip(verdicts, ("loss", "upsample", "head", "ffn"), strict=True):
+    for verdict, name in zip(verdicts, ("loss", "upsample", "head", "ffn", "residual"), strict=True):
         assert re.fullmatch(rf"opt-in {name} .*: (joins auto|stays opt-in) \(.*\)", verdict), summary
     tests = [line for line in summary if line.startswith("CUDA tests ")]
     assert len(tests) == 13, tests

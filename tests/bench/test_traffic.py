@@ -126,7 +126,8 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
     """``auto`` gives a GPU the attention operators, Mix-FFN's conv + GELU and LayerNorm; SEGATTN_KERNEL=loss
     adds the opt-in fused loss, ``upsample`` the decode head's upsampling as matmuls (no bilinear op left in
     the head), ``head`` its BatchNorm + ReLU + classifier operators, ``ffn`` Mix-FFN's operators in place of
-    the conv + GELU one, ``triton`` every form, ``torch`` none."""
+    the conv + GELU one, ``residual`` the blocks' first residual add in their second norm (fewer bytes in
+    the norms and adds than auto's), ``triton`` every form, ``torch`` none."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
@@ -141,6 +142,8 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
         "segattn.norm_relu_classifier_backward",
         "segattn.norm_relu_input_grad",
     }
+    residual = {"segattn.residual_layer_norm", "segattn.residual_layer_norm_backward"}
+    norms = {}
     cfg = compose_command("train", [*TINY_MODEL["pvt"], "attention=linear", "logger=none"])
     for kernel, expected, bilinear_head in [
         ("auto", default, True),
@@ -148,7 +151,8 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
         ("upsample", default, False),
         ("head", default | head, True),
         ("ffn", default - conv_gelu | ffn, True),
-        ("triton", default - conv_gelu | loss | head | ffn, False),
+        ("residual", default | residual, True),
+        ("triton", default - conv_gelu | loss | head | ffn | residual, False),
         ("torch", set(), True),
     ]:
         monkeypatch.setenv(KERNEL_ENV, kernel)
@@ -156,10 +160,12 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
             module = build_module(cfg, SegDataModule(**plain(cfg.data)))
         step = step_traffic(module, 1, 64, 64, device_paths="gpu")
         operators = {op for _, op, _ in step.by_op if op.startswith("segattn.")}
-        assert operators & (default | loss | head | ffn) == expected, kernel
+        assert operators & (default | loss | head | ffn | residual) == expected, kernel
         head_ops = {op for component, op, _ in step.by_op if component == HEAD}
         assert ("aten.upsample_bilinear2d" in head_ops) == bilinear_head, kernel
         assert ("aten.upsample_bilinear2d_backward" in head_ops) == bilinear_head, kernel
+        norms[kernel] = step.bytes[(NORMS, "forward")] + step.bytes[(NORMS, "backward")]
+    assert norms["residual"] < norms["auto"]
 
 
 class Doubled(torch.autograd.Function):

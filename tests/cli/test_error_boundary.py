@@ -134,8 +134,8 @@ def test_a_refusal_is_one_line_before_anything_is_written(
         (
             "nonsense",
             False,
-            "SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, loss, upsample, head or "
-            "ffn (auto and that form)",
+            "SEGATTN_KERNEL='nonsense'; expected auto (the default), torch, triton, loss, upsample, head, "
+            "ffn or residual (auto and that form)",
         ),
         ("triton", False, "SEGATTN_KERNEL=triton"),  # needs CUDA or TRITON_INTERPRET=1 (or is not installed)
     ],

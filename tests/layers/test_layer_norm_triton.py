@@ -2,7 +2,9 @@
 bias against F.layer_norm in float64 (fp32 and bf16; rows that cross the tile, channels not a power of two),
 its output dtype under autocast, ``opcheck`` on both operators, determinism, and ``layers.LayerNorm``
 taking it under SEGATTN_KERNEL=triton only, with nn.LayerNorm's parameters, in eager mode and compiled,
-but not when exported.
+but not when exported. ``segattn::residual_layer_norm`` (a block's residual add with stochastic depth's
+factor per image, then the norm) against the float64 formula with every gradient, opcheck and determinism,
+and a Block on it under SEGATTN_KERNEL=residual equal to the Block on the PyTorch path.
 
 On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled."""
 
@@ -21,6 +23,7 @@ if importlib.util.find_spec("triton") is None:
 
 from segattn.layers import KERNEL_ENV, LayerNorm, layer_norm_triton  # noqa: F401  (registers the operators)
 from segattn.layers.fast_path import paths_of_a_gpu
+from segattn.models.blocks import Block, TokenMlp
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-6
@@ -121,3 +124,104 @@ def test_under_autocast_only_a_norm_feeding_a_matmul_writes_the_autocast_dtype()
         assert LayerNorm(8, feeds_matmul=True).out_dtype(x) == torch.bfloat16
         assert LayerNorm(8).out_dtype(x.bfloat16()) == autocasts_own
     assert LayerNorm(8, feeds_matmul=True).out_dtype(x) == torch.float32
+
+
+def residual_inputs(
+    dtype: torch.dtype, branch_dtype: torch.dtype, scaled: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    """x and the branch [2 images, 37 tokens, 20] (74 rows: across tiles and images), stochastic depth's
+    factor per image (one image dropped) or None, weight and bias."""
+    x, weight, bias = inputs(dtype, 37, 20)
+    branch = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, branch_dtype)
+    scale = torch.tensor([0.0, 1.25], device=DEVICE) if scaled else None
+    return x, branch.requires_grad_(), scale, weight, bias
+
+
+@pytest.mark.parametrize(
+    ("dtype", "branch_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.float32, torch.bfloat16),  # autocast's: an fp32 stream, a bf16 branch
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("sum_used", [True, False])
+def test_residual_layer_norm_operator_matches_the_formula_with_its_gradients(
+    dtype: torch.dtype, branch_dtype: torch.dtype, scaled: bool, sum_used: bool
+) -> None:
+    """s = x + branch·scale[image] in x's dtype and LayerNorm(s) in bf16; ∂x, ∂branch (its dtype), ∂weight,
+    ∂bias from y's gradient, and s's where s is used (else autograd gives the operator None for it)."""
+    x, branch, scale, weight, bias = residual_inputs(dtype, branch_dtype, scaled)
+    summed, out, _, _ = torch.ops.segattn.residual_layer_norm(
+        x, branch, scale, weight, bias, EPS, torch.bfloat16
+    )
+    generator = torch.Generator().manual_seed(1)
+    grad_sum, grad = (torch.randn(t.shape, generator=generator).to(DEVICE, t.dtype) for t in (summed, out))
+    outputs, output_grads = ((summed, out), (grad_sum, grad)) if sum_used else ((out,), (grad,))
+    grads = torch.autograd.grad(outputs, (x, branch, weight, bias), output_grads)
+    exact = [t.detach().double().requires_grad_() for t in (x, branch, weight, bias)]
+    factor = 1.0 if scale is None else scale.double()[:, None, None]
+    exact_sum = exact[0] + exact[1] * factor
+    reference = F.layer_norm(exact_sum, (20,), exact[2], exact[3], EPS)
+    references = (exact_sum, reference) if sum_used else (reference,)
+    reference_grads = torch.autograd.grad(references, exact, [g.double() for g in output_grads])
+    assert (summed.dtype, out.dtype, grads[0].dtype, grads[1].dtype) == (
+        dtype,
+        torch.bfloat16,
+        dtype,
+        branch_dtype,
+    )
+    for got, want in zip((summed, out, *grads), (exact_sum, reference, *reference_grads), strict=True):
+        tolerance = 2e-2 if torch.bfloat16 in (dtype, got.dtype) else 1e-5
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=tolerance * want.abs().max().item())
+
+
+def test_residual_layer_norm_operators_pass_opcheck_and_backward_is_deterministic() -> None:
+    x, branch, scale, weight, bias = residual_inputs(torch.float32, torch.bfloat16, scaled=True)
+    failed = {}
+    for scaling in (scale, None):
+        args = (x, branch, scaling, weight, bias, EPS, torch.bfloat16)
+        checks = torch.library.opcheck(torch.ops.segattn.residual_layer_norm.default, args)
+        failed |= {f"{test} {scaling}": result for test, result in checks.items() if result != "SUCCESS"}
+    summed, out, mean, rstd = (t.detach() for t in torch.ops.segattn.residual_layer_norm(*args))
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, out.dtype)
+    for grad_sum in (torch.randn_like(summed), None):
+        backward = (grad_sum, grad, summed, scale, weight.detach(), mean, rstd, torch.bfloat16)
+        checks = torch.library.opcheck(torch.ops.segattn.residual_layer_norm_backward.default, backward)
+        failed |= {f"backward {test}": result for test, result in checks.items() if result != "SUCCESS"}
+    assert failed == {}
+    first, second = (torch.ops.segattn.residual_layer_norm_backward(*backward) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("checkpointed", "autocast"), [(False, False), (True, False), (False, True)])
+def test_a_block_on_the_residual_form_equals_the_pytorch_path_with_its_gradients(
+    checkpointed: bool, autocast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SEGATTN_KERNEL=residual on a GPU's paths: the first residual add, stochastic depth (the same draw
+    per image, one of two images dropped at this seed) and norm2 as one operator; the same output and
+    gradients as the Block on PyTorch's ops at the same seed, recomputed in backward too, and under autocast
+    (a bf16 branch onto the fp32 stream: the factor applied in fp32 rather than bf16)."""
+    blocks = {}
+    for kernel in ("residual", "torch"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        torch.manual_seed(0)
+        with paths_of_a_gpu():
+            blocks[kernel] = Block(16, TokenMlp(16, 32), TokenMlp(16, 32), drop_path=0.5, init_values=0.5)
+        blocks[kernel].grad_checkpointing = checkpointed and kernel == "residual"
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE).requires_grad_()
+    results = []
+    for kernel, block in blocks.items():
+        block.to(DEVICE)
+        torch.manual_seed(5)
+        with paths_of_a_gpu(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
+            assert block.norm2.takes_triton(x, opt_in="residual") == (kernel == "residual")
+            out = block(x, (2, 3))
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+            results.append((out, torch.autograd.grad(out, [x, *block.parameters()], grad)))
+    (out, grads), (want, want_grads) = results
+    tolerance = 2e-2 if autocast else 1e-5  # bf16's: of the largest value
+    for got, expected in zip((out, *grads), (want, *want_grads), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=tolerance * expected.abs().max().item())
