@@ -16,9 +16,10 @@ class LayerNorm(nn.LayerNorm):
     ``layer_norm_triton``.
 
     Its output dtype under autocast is autocast's own (fp32 on CUDA, where LayerNorm is on autocast's fp32
-    list; the input's on the CPU), except with ``feeds_matmul``: a norm read only by a matmul or conv (a
-    block's pre-norms) writes the autocast dtype that matmul would cast it to, so neither the fp32 output nor
-    the cast is written. A norm whose output starts a residual stream keeps it in fp32."""
+    list; the input's on the CPU), except with ``feeds_matmul``: a norm read by matmuls or convs (a block's
+    pre-norms; a PVT stage's closing norm, whose map the next stage's patch embedding and the heads'
+    projections read, or resample first) writes the autocast dtype that they would cast it to, so neither the
+    fp32 output nor the casts are written. A norm whose output starts a residual stream keeps it in fp32."""
 
     def __init__(
         self, normalized_shape: int, eps: float = 1e-5, feeds_matmul: bool = False, **kwargs

@@ -88,7 +88,8 @@ class PatchEmbed(Checkpointable):
 class PVTStage(nn.Module):
     """Optional 2× downsample (overlapping 3×3, or plain 2×2 patches), an optional learned position embedding
     (``pos_embed`` stored on ``pos_grid`` and resampled bilinearly to the input's grid), ``depth`` blocks on
-    the token grid (Mix-FFN or plain MLP), then LayerNorm unless ``stage_norm`` is False; NCHW in and out."""
+    the token grid (Mix-FFN or plain MLP), then LayerNorm unless ``stage_norm`` is False (in autocast's dtype:
+    convs read it, ``LayerNorm.feeds_matmul``); NCHW in and out."""
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class PVTStage(nn.Module):
             )
             for i in range(depth)
         )
-        self.norm = LayerNorm(dim, eps=norm_eps) if stage_norm else nn.Identity()
+        self.norm = LayerNorm(dim, eps=norm_eps, feeds_matmul=True) if stage_norm else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:
