@@ -43,7 +43,7 @@ class LayerNorm(nn.LayerNorm):
         the add and ``forward``. The operator takes drop_path's factor per image (timm's ``DropPath``: the
         same draw) as it multiplies a [B, 1, ...] tensor of ones; Identity or in eval: none."""
         fits = branch.shape == x.shape and torch.promote_types(x.dtype, branch.dtype) == x.dtype
-        if not (fits and self.takes_triton(x, opt_in="residual")):
+        if not (fits and self.takes_residual(x)):
             summed = x + drop_path(branch)
             return summed, self(summed)
         from . import layer_norm_triton  # noqa: F401  (imports triton; registers segattn::residual_layer_norm)
@@ -55,6 +55,11 @@ class LayerNorm(nn.LayerNorm):
             x, branch, scale, self.weight, self.bias, self.eps, self.out_dtype(x)
         )
         return summed, y
+
+    def takes_residual(self, x: Tensor) -> bool:
+        """Whether ``after_residual`` on ``x`` (and a branch of its shape, no wider dtype) takes the operator:
+        ``takes_triton`` for the opt-in ``residual`` form."""
+        return self.takes_triton(x, opt_in="residual")
 
     def out_dtype(self, x: Tensor) -> torch.dtype:
         """The operator's output dtype for ``x`` (see the class; CUDA's rule ``on_a_gpu``)."""

@@ -7,7 +7,7 @@ every attention variant. Parameter names follow timm (``norm1``, ``attn``, ``nor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -124,7 +124,8 @@ class Checkpointable(nn.Module):
 
 class Block(Checkpointable):
     """Pre-norm transformer block: x + attn(norm1(x), hw), then x + mlp(norm2(x), hw); the first add and
-    norm2 are one operator on the opt-in ``residual`` form (``LayerNorm.after_residual``).
+    norm2 are one operator on the opt-in ``residual`` form (``LayerNorm.after_residual``), and ``run_blocks``
+    leaves the last add to the norm that follows.
 
     ``grad_checkpointing`` recomputes the block in backward (``recompute_in_backward``).
     ``init_values`` adds DeiT-III LayerScale (``ls1``/``ls2``).
@@ -154,8 +155,39 @@ class Block(Checkpointable):
         return recompute_in_backward(self.grad_checkpointing, self.residual_branches, x, hw)
 
     def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
-        x, normed = self.norm2.after_residual(x, self.ls1(self.attn(self.norm1(x), hw)), self.drop_path1)
-        return x + self.drop_path2(self.ls2(self.mlp(normed, hw)))
+        x, branch = self.open_branches(x, hw, None, None)
+        return x + self.drop_path2(branch)
+
+    def open_branches(
+        self, x: Tensor, hw: HW, pending: Tensor | None, pending_drop: nn.Module | None
+    ) -> tuple[Tensor, Tensor]:
+        """The block without its last residual add: (x after the first add, the second branch before
+        drop_path2), for the norm that follows to add (``run_blocks``). ``pending``: the branch the block
+        before left, which norm1 adds to x after ``pending_drop``, its drop path."""
+        if pending is None:
+            normed = self.norm1(x)
+        else:
+            x, normed = self.norm1.after_residual(x, pending, pending_drop)
+        x, normed = self.norm2.after_residual(x, self.ls1(self.attn(normed, hw)), self.drop_path1)
+        return x, self.ls2(self.mlp(normed, hw))
+
+
+def run_blocks(blocks: Iterable[Block], x: Tensor, hw: HW, norm: nn.Module) -> Tensor:
+    """``norm`` of ``blocks`` run in turn on [B, N, C] tokens. Where ``norm`` takes the opt-in ``residual``
+    form (``LayerNorm.takes_residual``), each block's last residual add is left to the norm that follows it,
+    the next block's norm1 and then ``norm``, which fuses it (``LayerNorm.after_residual``); a block under
+    ``grad_checkpointing`` then keeps that branch with its input."""
+    if not (isinstance(norm, layers.LayerNorm) and norm.takes_residual(x)):
+        for block in blocks:
+            x = block(x, hw)
+        return norm(x)
+    pending = drop = None
+    for block in blocks:
+        x, pending = recompute_in_backward(
+            block.grad_checkpointing, block.open_branches, x, hw, pending, drop
+        )
+        drop = block.drop_path2
+    return norm(x) if pending is None else norm.after_residual(x, pending, drop)[1]
 
 
 def set_block_checkpointing(module: nn.Module, enable: bool) -> None:

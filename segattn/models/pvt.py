@@ -37,6 +37,7 @@ from .blocks import (
     drop_path_rates,
     init_weights,
     recompute_in_backward,
+    run_blocks,
 )
 from .encoder import Encoder
 from .official_pvt import convert_official_pvt, is_official_pvt
@@ -135,9 +136,7 @@ class PVTStage(nn.Module):
         tokens = from_grid(x)  # [B, H·W, C]
         if self.pos_grid is not None:
             tokens = tokens + self.pos_embed_for(hw)
-        for block in self.blocks:
-            tokens = block(tokens, hw)
-        return to_grid(self.norm(tokens), hw)
+        return to_grid(run_blocks(self.blocks, tokens, hw, self.norm), hw)
 
     def pos_embed_for(self, hw: HW) -> Tensor:
         """The position embedding resampled from ``pos_grid`` to ``hw`` (the stored one at ``pos_grid``)."""

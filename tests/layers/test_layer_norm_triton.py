@@ -4,7 +4,8 @@ its output dtype under autocast, ``opcheck`` on both operators, determinism, and
 taking it under SEGATTN_KERNEL=triton only, with nn.LayerNorm's parameters, in eager mode and compiled,
 but not when exported. ``segattn::residual_layer_norm`` (a block's residual add with stochastic depth's
 factor per image, then the norm) against the float64 formula with every gradient, opcheck and determinism,
-and a Block on it under SEGATTN_KERNEL=residual equal to the Block on the PyTorch path.
+and a Block on it under SEGATTN_KERNEL=residual equal to the Block on the PyTorch path, as are blocks that
+leave their last add to the norm after them (``run_blocks``).
 
 On the CPU through Triton's interpreter (tests/conftest.py); with a CUDA device, compiled."""
 
@@ -15,6 +16,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
+from test_depthwise_conv_gelu import OperatorNames
 from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -23,7 +25,7 @@ if importlib.util.find_spec("triton") is None:
 
 from segattn.layers import KERNEL_ENV, LayerNorm, layer_norm_triton  # noqa: F401  (registers the operators)
 from segattn.layers.fast_path import paths_of_a_gpu
-from segattn.models.blocks import Block, TokenMlp
+from segattn.models.blocks import Block, TokenMlp, run_blocks
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = 1e-6
@@ -221,6 +223,41 @@ def test_a_block_on_the_residual_form_equals_the_pytorch_path_with_its_gradients
             out = block(x, (2, 3))
             grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
             results.append((out, torch.autograd.grad(out, [x, *block.parameters()], grad)))
+    (out, grads), (want, want_grads) = results
+    tolerance = 2e-2 if autocast else 1e-5  # bf16's: of the largest value
+    for got, expected in zip((out, *grads), (want, *want_grads), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=tolerance * expected.abs().max().item())
+
+
+@pytest.mark.parametrize(("checkpointed", "autocast"), [(True, False), (False, True)])
+def test_blocks_leave_their_last_add_to_the_next_norm_on_the_residual_form(
+    checkpointed: bool, autocast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_blocks`` on the residual form: each block's second add, with its stochastic depth, goes into the
+    norm after it (the next block's norm1, then the closing norm), so only the first norm1 is a plain
+    LayerNorm; the same output and gradients as the blocks and norm on PyTorch's ops at the same seed."""
+    stages = {}
+    for kernel in ("residual", "torch"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        torch.manual_seed(0)
+        with paths_of_a_gpu():
+            blocks = [Block(16, TokenMlp(16, 32), TokenMlp(16, 32), drop_path=0.5) for _ in range(2)]
+            stages[kernel] = torch.nn.ModuleList([*blocks, LayerNorm(16)]).to(DEVICE)
+        for block in blocks:
+            block.grad_checkpointing = checkpointed and kernel == "residual"
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE).requires_grad_()
+    results = []
+    for kernel, stage in stages.items():
+        torch.manual_seed(5)
+        cast = torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast)
+        with paths_of_a_gpu(), cast:
+            with OperatorNames() as names:  # forward's
+                out = run_blocks(stage[:2], x, (2, 3), stage[2])
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+            results.append((out, torch.autograd.grad(out, [x, *stage.parameters()], grad)))
+        if kernel == "residual":
+            norms = [name for name in names.names if "layer_norm.default" in name]
+            assert norms == ["segattn.layer_norm.default", *["segattn.residual_layer_norm.default"] * 4]
     (out, grads), (want, want_grads) = results
     tolerance = 2e-2 if autocast else 1e-5  # bf16's: of the largest value
     for got, expected in zip((out, *grads), (want, *want_grads), strict=True):
