@@ -151,25 +151,31 @@ class Block(Checkpointable):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, hw: HW) -> Tensor:
-        return recompute_in_backward(self.grad_checkpointing, self.residual_branches, x, hw)
+    def forward(
+        self,
+        x: Tensor,
+        hw: HW,
+        pending: Tensor | None = None,
+        pending_drop: nn.Module | None = None,
+        open_end: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The block on [B, N, C] tokens. ``run_blocks`` leaves a block's last residual add to the norm after
+        it: given ``pending``, the branch the block before left, norm1 adds it to x after ``pending_drop``
+        (its drop path); with ``open_end`` the block returns (x after its first add, its second branch
+        before drop_path2)."""
+        args = (x, hw, pending, pending_drop, open_end)
+        return recompute_in_backward(self.grad_checkpointing, self.residual_branches, *args)
 
-    def residual_branches(self, x: Tensor, hw: HW) -> Tensor:
-        x, branch = self.open_branches(x, hw, None, None)
-        return x + self.drop_path2(branch)
-
-    def open_branches(
-        self, x: Tensor, hw: HW, pending: Tensor | None, pending_drop: nn.Module | None
-    ) -> tuple[Tensor, Tensor]:
-        """The block without its last residual add: (x after the first add, the second branch before
-        drop_path2), for the norm that follows to add (``run_blocks``). ``pending``: the branch the block
-        before left, which norm1 adds to x after ``pending_drop``, its drop path."""
+    def residual_branches(
+        self, x: Tensor, hw: HW, pending: Tensor | None, pending_drop: nn.Module | None, open_end: bool
+    ) -> Tensor | tuple[Tensor, Tensor]:
         if pending is None:
             normed = self.norm1(x)
         else:
             x, normed = self.norm1.after_residual(x, pending, pending_drop)
         x, normed = self.norm2.after_residual(x, self.ls1(self.attn(normed, hw)), self.drop_path1)
-        return x, self.ls2(self.mlp(normed, hw))
+        branch = self.ls2(self.mlp(normed, hw))
+        return (x, branch) if open_end else x + self.drop_path2(branch)
 
 
 def run_blocks(blocks: Iterable[Block], x: Tensor, hw: HW, norm: nn.Module) -> Tensor:
@@ -183,9 +189,7 @@ def run_blocks(blocks: Iterable[Block], x: Tensor, hw: HW, norm: nn.Module) -> T
         return norm(x)
     pending = drop = None
     for block in blocks:
-        x, pending = recompute_in_backward(
-            block.grad_checkpointing, block.open_branches, x, hw, pending, drop
-        )
+        x, pending = block(x, hw, pending, drop, open_end=True)
         drop = block.drop_path2
     return norm(x) if pending is None else norm.after_residual(x, pending, drop)[1]
 
