@@ -28,7 +28,12 @@ class LayerNorm(nn.LayerNorm):
         self.kernel_backend = kernel_backend()
         self.feeds_matmul = feeds_matmul
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, branch: Tensor | None = None, drop_path: nn.Module | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """LayerNorm of x; given a ``branch``, of a residual add: ``after_residual``."""
+        if branch is not None:
+            return self.after_residual(x, branch, nn.Identity() if drop_path is None else drop_path)
         if self.takes_triton(x):
             from . import layer_norm_triton  # noqa: F401  (imports triton; registers segattn::layer_norm)
 
@@ -38,10 +43,12 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x)
 
     def after_residual(self, x: Tensor, branch: Tensor, drop_path: nn.Module) -> tuple[Tensor, Tensor]:
-        """(s, this norm of s) for a block's residual add s = x + drop_path(branch): one Triton operator
-        (``residual_layer_norm``) where ``takes_triton`` takes the opt-in ``residual`` form for the pair, else
-        the add and ``forward``. The operator takes drop_path's factor per image (timm's ``DropPath``: the
-        same draw) as it multiplies a [B, 1, ...] tensor of ones; Identity or in eval: none."""
+        """(s, this norm of s) for a block's residual add s = x + drop_path(branch), called as the module
+        ``norm(x, branch, drop_path)`` (``bench traffic`` charges a module call's ops to it): one Triton
+        operator (``residual_layer_norm``) where ``takes_triton`` takes the opt-in ``residual`` form for the
+        pair, else the add and ``forward``. The operator takes drop_path's factor per image (timm's
+        ``DropPath``: the same draw) as it multiplies a [B, 1, ...] tensor of ones; Identity or in eval:
+        none."""
         fits = branch.shape == x.shape and torch.promote_types(x.dtype, branch.dtype) == x.dtype
         if not (fits and self.takes_residual(x)):
             summed = x + drop_path(branch)

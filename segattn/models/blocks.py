@@ -172,8 +172,8 @@ class Block(Checkpointable):
         if pending is None:
             normed = self.norm1(x)
         else:
-            x, normed = self.norm1.after_residual(x, pending, pending_drop)
-        x, normed = self.norm2.after_residual(x, self.ls1(self.attn(normed, hw)), self.drop_path1)
+            x, normed = self.norm1(x, pending, pending_drop)
+        x, normed = self.norm2(x, self.ls1(self.attn(normed, hw)), self.drop_path1)
         branch = self.ls2(self.mlp(normed, hw))
         return (x, branch) if open_end else x + self.drop_path2(branch)
 
@@ -191,7 +191,7 @@ def run_blocks(blocks: Iterable[Block], x: Tensor, hw: HW, norm: nn.Module) -> T
     for block in blocks:
         x, pending = block(x, hw, pending, drop, open_end=True)
         drop = block.drop_path2
-    return norm(x) if pending is None else norm.after_residual(x, pending, drop)[1]
+    return norm(x) if pending is None else norm(x, pending, drop)[1]
 
 
 def set_block_checkpointing(module: nn.Module, enable: bool) -> None:
