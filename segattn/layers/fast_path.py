@@ -12,7 +12,7 @@ Mix-FFN's conv + GELU, LayerNorm) when triton is installed, ``torch`` never, ``t
 name of an opt-in form (``OPT_IN``: the fused loss, slower than the PyTorch loss on an H200,
 docs/performance.md; the decode head's upsampling as matmuls, untimed, on the Triton rules though not
 Triton; the decode head's BatchNorm + ReLU + classifier, untimed; Mix-FFN's conv + GELU + fc2, untimed; a
-block's first residual add in its second LayerNorm, untimed) ``auto`` plus that one, so that a GPU run can
+block's residual adds in the LayerNorm after them, untimed) ``auto`` plus that one, so that a GPU run can
 time it against ``auto`` alone.
 """
 
