@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 from .fast_path import FUNCTION, TRITON, choose_path
 from .grid import HW, from_grid, to_grid
 
-MAX_FFN_CHANNELS = 256  # the widest tokens ``mix_ffn``'s operators take: wider ones spilled registers
+MAX_FFN_CHANNELS = 256  # the widest tokens ``mix_ffn``'s operators take: at 512 one spilled in fp32
 
 
 def dense_channels_last(images: Tensor) -> Tensor:

@@ -392,10 +392,13 @@ class MixFFNFunction(torch.autograd.Function):
         grad_pre, grad_conv_weight, grad_conv_bias, grad_fc2_weight = ops.mix_ffn_gelu_backward.default(
             grad, hidden, fc1_bias, conv_weight, conv_bias, fc2_weight, *ctx.hw
         )
-        grad_tokens = ops.mix_ffn_input_grad.default(grad_pre, conv_weight, fc1_weight, *ctx.hw)
+        grad_tokens = None
+        if ctx.needs_input_grad[0]:
+            grad_tokens = ops.mix_ffn_input_grad.default(grad_pre, conv_weight, fc1_weight, *ctx.hw)
+            grad_tokens = grad_tokens.to(tokens_dtype)
         grad_fc1_weight, grad_fc1_bias = ops.mix_ffn_fc1_grad.default(grad_pre, tokens, conv_weight, *ctx.hw)
         return (
-            grad_tokens.to(tokens_dtype),
+            grad_tokens,
             grad_fc1_weight.to(fc1_dtype),
             grad_fc1_bias.to(fc1_bias.dtype),
             grad_conv_weight,

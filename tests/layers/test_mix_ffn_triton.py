@@ -111,9 +111,10 @@ def test_mix_ffn_takes_the_operators_under_ffn_with_its_parameters_unchanged(
     monkeypatch.setenv(KERNEL_ENV, "ffn" if DEVICE.type == "cuda" else "triton")
     fused = MixFFN(8, 16).to(DEVICE)
     fused.load_state_dict(plain.state_dict())
-    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE)
+    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE, requires_grad=True)
     with OperatorNames() as names:
         out = fused(x, SMALL)
+        (grad_x,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
         out.sum().backward()
     segattn_ops = {name for name in names.names if name.startswith("segattn.")}
     assert segattn_ops == {
@@ -123,8 +124,10 @@ def test_mix_ffn_takes_the_operators_under_ffn_with_its_parameters_unchanged(
     others = [name for name in names.names if not name.startswith("segattn.")]
     assert not any(op in name for name in others for op in ("convolution", "gelu", "addmm"))
     expected = plain(x, SMALL)
+    (want_x,) = torch.autograd.grad(expected.sum(), x, retain_graph=True)
     expected.sum().backward()
     torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad_x, want_x)
     for got, want in zip(fused.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad)
 
@@ -150,3 +153,12 @@ def test_compiled_mix_ffn_form_keeps_its_operator_in_one_graph(monkeypatch: pyte
     ]
     for actual, expected in zip([compiled_out, *compiled_grads], [out, *grads], strict=True):
         torch.testing.assert_close(actual, expected)
+
+
+def test_tokens_that_need_no_gradient_get_no_input_gradient_launch() -> None:
+    tokens, *parameters = inputs()
+    with OperatorNames() as names:
+        MixFFNFunction.apply(tokens.detach(), *parameters, HEIGHT, WIDTH).sum().backward()
+    assert "segattn.mix_ffn_fc1_grad.default" in names.names
+    assert "segattn.mix_ffn_input_grad.default" not in names.names
+    assert all(p.grad is not None for p in parameters)
