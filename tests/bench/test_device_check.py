@@ -180,7 +180,7 @@ def test_the_dry_run_measures_and_judges_every_benchmark_target(tmp_path):
     for verdict, name in zip(verdicts, ("loss", "upsample", "head", "ffn", "residual"), strict=True):
         assert re.fullmatch(rf"opt-in {name} .*: (joins auto|stays opt-in) \(.*\)", verdict), summary
     tests = [line for line in summary if line.startswith("CUDA tests ")]
-    assert len(tests) == 13, tests
+    assert len(tests) == 14, tests
     assert all(re.search(r": collected, not run \(\d+ tests\)$", line) for line in tests), tests
     with (tmp_path / "model/model_profile.csv").open() as profile:
         profiled = {row["size"] for row in csv.DictReader(profile)}
