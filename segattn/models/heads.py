@@ -135,7 +135,8 @@ class MLPHead(nn.Module):
             summed = level if summed is None else summed + level
         if not narrow:
             return summed.unflatten(2, size)
-        levels = [self.upsampled(features[i], size) for i in narrow]
+        # each in the dtype the matmul reads, cast before the concatenation rather than after it
+        levels = [matmul_operand(self.upsampled(features[i], size)) for i in narrow]
         stack = (levels[0] if len(levels) == 1 else torch.cat(levels, dim=1)).flatten(2)
         del levels  # the upsampled levels are in the stack now: free them before the matmul's output
         weight = torch.cat([weights[i] for i in narrow], dim=1).expand(stack.shape[0], -1, -1)
@@ -152,9 +153,15 @@ class MLPHead(nn.Module):
         )
         if path != TRITON:
             return resized(level, size)
-        device = level.device.type
-        level = level.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else level
+        level = matmul_operand(level)
         return level if level.shape[-2:] == size else resample_grid(level, size)
+
+
+def matmul_operand(x: Tensor) -> Tensor:
+    """``x`` in the dtype a matmul on it runs in: autocast's where autocast is on (what the matmul would cast
+    it to), else its own."""
+    device = x.device.type
+    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
 
 
 class ReluClassifier(torch.autograd.Function):
