@@ -70,7 +70,7 @@ def mix_ffn(
 ) -> Tensor:
     """Mix-FFN, ``fc2`` of ``linear_conv_gelu``, on [B, N, C] tokens. Where ``choose_path`` takes the opt-in
     ``ffn`` form (SEGATTN_KERNEL=ffn or triton), for a 3×3 conv with every bias and at most
-    ``mix_ffn_triton.MAX_CHANNELS`` token features: fc1's matmul and Triton operators that never write the
+    ``MAX_FFN_CHANNELS`` token features: fc1's matmul and Triton operators that never write the
     activation or the hidden gradient (``mix_ffn_triton``)."""
     path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True, opt_in="ffn")
     biased = None not in (fc1.bias, conv.bias, fc2.bias)

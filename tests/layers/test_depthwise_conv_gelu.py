@@ -13,9 +13,9 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
+from operator_names import OperatorNames
 from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch.utils._python_dispatch import TorchDispatchMode
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -88,18 +88,6 @@ def test_conv_gelu_operators_pass_opcheck() -> None:
     for op, args in backward.items():
         checks |= {f"{op} {test}": result for test, result in torch.library.opcheck(op, args).items()}
     assert {test: result for test, result in checks.items() if result != "SUCCESS"} == {}
-
-
-class OperatorNames(TorchDispatchMode):
-    """Records the name of every operator dispatched inside."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from test_depthwise_conv_gelu import OperatorNames
+from operator_names import OperatorNames
 from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
 

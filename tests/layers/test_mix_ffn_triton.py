@@ -20,7 +20,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from test_depthwise_conv_gelu import OperatorNames
+from operator_names import OperatorNames
 
 from segattn.layers import KERNEL_ENV
 from segattn.layers.mix_ffn_triton import MixFFNFunction

@@ -14,7 +14,7 @@ import importlib.util
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from operator_names import OperatorNames
 from train_overrides import TINY_MODEL
 
 from segattn.cli import compose_command
@@ -37,18 +37,6 @@ FORMS = {  # an operator of each form, forward and backward (eager attention run
     "seg_loss_sums",
     "seg_loss_sums_backward",
 }
-
-
-class OperatorNames(TorchDispatchMode):
-    """Records the name of every operator dispatched inside."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.usefixtures("exact_fp32")
