@@ -15,12 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._dynamo.testing import CompileCounterWithBackend
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from operator_names import OperatorNames
+from operator_names import OperatorNames, compiled_segattn_targets
 
 from segattn.layers import KERNEL_ENV
 from segattn.layers.mix_ffn_triton import MixFFNFunction
@@ -139,20 +138,10 @@ def test_compiled_mix_ffn_form_keeps_its_operator_in_one_graph(monkeypatch: pyte
     monkeypatch.setenv(KERNEL_ENV, "triton")
     module = MixFFN(8, 16).to(DEVICE)
     x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE, requires_grad=True)
-    out = module(x, SMALL)
-    grads = torch.autograd.grad(out.sum(), [x, *module.parameters()])
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled_out = torch.compile(module, backend=counter)(x, SMALL)
-    compiled_grads = torch.autograd.grad(compiled_out.sum(), [x, *module.parameters()])
-    assert counter.frame_count == 1
-    graphs = [counter.graphs[0], *counter.graphs[0].children()]  # the Function's forward and backward
-    targets = [str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"]
-    assert sorted(target for target in targets if target.startswith("segattn.")) == [
+    assert sorted(compiled_segattn_targets(module, x, SMALL)) == [
         f"segattn.{op}.default"
         for op in ("mix_ffn", "mix_ffn_fc1_grad", "mix_ffn_gelu_backward", "mix_ffn_input_grad")
     ]
-    for actual, expected in zip([compiled_out, *compiled_grads], [out, *grads], strict=True):
-        torch.testing.assert_close(actual, expected)
 
 
 def test_tokens_that_need_no_gradient_get_no_input_gradient_launch() -> None:
