@@ -40,7 +40,7 @@ from torch.library import custom_op, register_fake
 from .depthwise_triton import INV_SQRT_2PI, SQRT_HALF, backward_programs, conv_tile, load_tile
 from .head_triton import dot_operand
 
-NUM_WARPS = 8
+NUM_WARPS = 8  # at 4 the walking kernels spilled in fp32 (tests/attention/test_triton_compile.py)
 
 
 @triton.jit
