@@ -319,6 +319,7 @@ def mix_ffn_input_grad(
 ) -> Tensor:
     """∂tokens = (the depthwise conv of ĝ with the flipped weights)·fc1: [B, N, in] in ĝ's dtype."""
     width_hidden, channels = fc1_weight.shape
+    grad_pre = grad_pre.contiguous()
     grad_tokens = grad_pre.new_empty(*grad_pre.shape[:2], channels)
     plan = launch_plan(grad_pre, channels, height, width, walking=False)
     input_grad_kernel[(grad_pre.shape[0] * plan["pixel_blocks"],)](
@@ -340,6 +341,7 @@ def mix_ffn_fc1_grad(
     """(∂fc1_weight, ∂input_bias) in fp32: Σ ∂hᵀ·tokens and Σ ∂h over the pixels, ∂h the depthwise conv of ĝ
     with the flipped weights."""
     width_hidden, channels = grad_pre.shape[-1], tokens.shape[-1]
+    grad_pre = grad_pre.contiguous()
     plan = launch_plan(grad_pre, channels, height, width, walking=True)
     programs = plan["programs"]
     partials = torch.empty(programs, width_hidden, dtype=torch.float32, device=grad_pre.device)
