@@ -94,6 +94,8 @@ def recompute_in_backward(
     ``keep_stats_of`` are updated by the forward only, not again by the recompute."""
     if not (enabled and torch.is_grad_enabled()):
         return function(*args)
+    if torch.compiler.is_compiling():  # the compiled graph recomputes pure operators only, no side effects
+        return checkpoint(function, *args, use_reentrant=False)
     if keep_stats_of is None:
         return checkpoint(function, *args, use_reentrant=False, context_fn=recompute_contexts)
     return checkpoint(

@@ -78,3 +78,23 @@ def test_checkpointing_recomputes_and_keeps_gradients(build_tiny, name: str, opt
 def test_build_option_switches_checkpointing_on(build_tiny) -> None:
     model = build_tiny("pvt", grad_checkpointing=True)
     assert all(block.grad_checkpointing for stage in model.encoder.stages for block in stage.blocks)
+
+
+def test_compiled_checkpointing_keeps_gradients_and_statistics(build_tiny) -> None:
+    """``model.compile`` with ``model.grad_checkpointing``: the compiled graphs recompute in their own way
+    (plain ``checkpoint``, no eager recompute contexts) with eager mode's gradients and BatchNorm statistics
+    updated once."""
+    torch.manual_seed(0)
+    plain = build_tiny("pvt", "flatten", dropout=0.0).train()
+    compiled = copy.deepcopy(plain)
+    compiled.set_grad_checkpointing(True)
+    compiled.compile(backend="aot_eager")
+    images, target = torch.randn(2, 3, 64, 96), torch.randint(0, 3, (2, 64, 96))
+    for model in (plain, compiled):
+        F.cross_entropy(model(images), target).backward()
+    grads = dict(compiled.named_parameters())
+    for name, parameter in plain.named_parameters():
+        torch.testing.assert_close(grads[name].grad, parameter.grad, rtol=1e-5, atol=1e-6, msg=name)
+    buffers = dict(compiled.named_buffers())
+    for name, buffer in plain.named_buffers():
+        torch.testing.assert_close(buffers[name], buffer, rtol=1e-5, atol=1e-6, msg=name)
