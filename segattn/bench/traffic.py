@@ -215,9 +215,12 @@ class CountBytes(TorchDispatchMode):
         if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in MOVES_NOTHING:
             return output  # metadata queries, views and allocations move no bytes
         arguments = func._schema.arguments
+        # named arguments; the rest take their defaults
+        named = dict(zip((arg.name for arg in arguments), args, strict=False)) | (kwargs or {})
+        if named.get("output_read") is False:
+            return output  # a segattn operator whose output goes unread launches nothing
         unread = {arg.name for arg in arguments if arg.is_out} | {SHAPE_ONLY.get(func.overloadpacket)}
-        positional = zip((arg.name for arg in arguments), args, strict=False)  # the rest: kwargs or defaults
-        reads = [value for name, value in [*positional, *(kwargs or {}).items()] if name not in unread]
+        reads = [value for name, value in named.items() if name not in unread]
         tensors = [t for t in tree_leaves((reads, output)) if isinstance(t, torch.Tensor)]
         moved = sum(t.numel() * t.element_size() for t in tensors)
         node = torch._C._current_autograd_node()

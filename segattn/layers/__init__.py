@@ -4,6 +4,7 @@ choice between plain formulas, PyTorch Functions and Triton kernels (``fast_path
 SEGATTN_FUSED and SEGATTN_KERNEL)."""
 
 from .depthwise import depthwise_conv, linear_conv_gelu, mix_ffn
+from .dtypes import matmul_dtype, matmul_operand
 from .fast_path import FUNCTION, FUSED_ENV, KERNEL_ENV, PLAIN, TRITON, choose_path, kernel_backend, loss_path
 from .grid import HW, from_grid, interpolation_matrix, resample_grid, resample_grid_embedding, to_grid
 from .norm import LayerNorm
@@ -23,6 +24,8 @@ __all__ = [
     "kernel_backend",
     "linear_conv_gelu",
     "loss_path",
+    "matmul_dtype",
+    "matmul_operand",
     "mix_ffn",
     "resample_grid",
     "resample_grid_embedding",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .dtypes import matmul_dtype
 from .fast_path import FUNCTION, TRITON, choose_path
 from .grid import HW, from_grid, to_grid
 
@@ -67,18 +68,20 @@ def mix_ffn(
     conv: torch.nn.Conv2d,
     fc2: torch.nn.Linear,
     backend: str | None = None,
+    output_read: bool = True,
 ) -> Tensor:
     """Mix-FFN, ``fc2`` of ``linear_conv_gelu``, on [B, N, C] tokens. Where ``choose_path`` takes the opt-in
     ``ffn`` form (SEGATTN_KERNEL=ffn or triton), for a 3×3 conv with every bias and at most
     ``MAX_FFN_CHANNELS`` token features: fc1's matmul and Triton operators that never write the
-    activation or the hidden gradient (``mix_ffn_triton``)."""
+    activation or the hidden gradient (``mix_ffn_triton``); that path skips its last operator when the
+    output goes unread (``output_read`` False: a recompute in backward, which keeps only what is saved)."""
     path = choose_path(backend, tokens, triton_head_dim=1, function=False, whole_image=True, opt_in="ffn")
     biased = None not in (fc1.bias, conv.bias, fc2.bias)
     if path == TRITON and conv.kernel_size == (3, 3) and biased and tokens.shape[-1] <= MAX_FFN_CHANNELS:
         from .mix_ffn_triton import MixFFNFunction  # imports triton
 
         parameters = (fc1.weight, fc1.bias, conv.weight, conv.bias, fc2.weight, fc2.bias)
-        return MixFFNFunction.apply(tokens, *parameters, *hw)
+        return MixFFNFunction.apply(tokens, *parameters, *hw, output_read)
     return fc2(linear_conv_gelu(tokens, hw, fc1, conv, backend))
 
 
@@ -95,7 +98,7 @@ class DepthwiseConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, images, weight, bias):
         device = images.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else images.dtype
+        dtype = matmul_dtype(images)
         ctx.dtypes = (images.dtype, weight.dtype, None if bias is None else bias.dtype)
         # dense channels-last operands: given a strided view (a head of a qkv chunk) oneDNN would first
         # convert it to NCHW, a copy that costs more than the convolution

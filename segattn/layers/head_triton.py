@@ -30,6 +30,8 @@ import triton.language as tl
 from torch import Tensor, nn
 from torch.library import custom_op, register_autograd, register_fake
 
+from .dtypes import matmul_dtype
+
 PROGRAMS_PER_SM = 4  # the walking kernels' programs per multiprocessor
 INTERPRETER_PROGRAMS = 2
 NUM_WARPS = 8  # 4 spill at 128 classes
@@ -236,13 +238,17 @@ def norm_relu_classifier(
     weight: Tensor,
     bias: Tensor,
     out_dtype: torch.dtype,
+    output_read: bool = True,
 ) -> Tensor:
     """Logits [B, K, H, W] in ``out_dtype`` of the classifier ``weight`` [B, K, C] (one per image) + ``bias``
-    on relu((x − mean)·rstd·γ + β)."""
+    on relu((x − mean)·rstd·γ + β); left unwritten without ``output_read`` (a recompute in backward, which
+    keeps only what is saved)."""
     flat = x.flatten(2)
     batch, channels, pixels = flat.shape
     classes = weight.shape[1]
     out = torch.empty(batch, classes, *x.shape[2:], dtype=out_dtype, device=x.device)
+    if not output_read:
+        return out
     block_p, block_c, block_k = blocks(channels, classes, x.is_cuda)
     classifier_kernel[(triton.cdiv(pixels, block_p), batch)](
         flat, mean, rstd, gamma, beta, weight.contiguous(), bias, out, *flat.stride(), channels, classes,
@@ -252,7 +258,7 @@ def norm_relu_classifier(
 
 
 @register_fake("segattn::norm_relu_classifier")
-def _(x, mean, rstd, gamma, beta, weight, bias, out_dtype):
+def _(x, mean, rstd, gamma, beta, weight, bias, out_dtype, output_read=True):
     return torch.empty(x.shape[0], weight.shape[1], *x.shape[2:], dtype=out_dtype, device=x.device)
 
 
@@ -316,7 +322,7 @@ def _(grad, x, mean, rstd, gamma, beta, weight, coefficients):
 
 
 def save_inputs(ctx, inputs: tuple, output: Tensor) -> None:
-    x, mean, rstd, gamma, beta, weight, bias, _ = inputs
+    x, mean, rstd, gamma, beta, weight, bias, *_ = inputs
     ctx.save_for_backward(x, mean, rstd, gamma, beta, weight)
     ctx.bias_dtype = bias.dtype
 
@@ -332,16 +338,20 @@ def backward(ctx, grad: Tensor) -> tuple:
     coefficients = torch.stack((scale, scale * means[0], scale * means[1]))
     grad_x = ops.norm_relu_input_grad.default(grad, x, mean, rstd, gamma, beta, weight, coefficients)
     grad_bias = grad.sum((0, 2, 3), dtype=torch.float32).to(ctx.bias_dtype)
-    return grad_x, None, None, sums[1].to(gamma.dtype), sums[0].to(beta.dtype), grad_weight, grad_bias, None
+    sums = sums[1].to(gamma.dtype), sums[0].to(beta.dtype)
+    return grad_x, None, None, *sums, grad_weight, grad_bias, None, None
 
 
 register_autograd("segattn::norm_relu_classifier", backward, setup_context=save_inputs)
 
 
-def batch_norm_relu_classifier(x: Tensor, norm: nn.BatchNorm2d, weight: Tensor, bias: Tensor) -> Tensor:
+def batch_norm_relu_classifier(
+    x: Tensor, norm: nn.BatchNorm2d, weight: Tensor, bias: Tensor, output_read: bool = True
+) -> Tensor:
     """Logits of the classifier ``weight`` [B, K, C] (one per image) + ``bias`` on relu(norm(x)), ``norm`` in
     training mode with batch statistics, whose running statistics are updated as nn.BatchNorm2d's own
-    training step updates them; in autocast's dtype where it is on, else x's."""
+    training step updates them; in autocast's dtype where it is on, else x's. Unwritten without
+    ``output_read``."""
     mean, var = torch.ops.segattn.batch_stats.default(x.detach())
     with torch.no_grad():
         norm.num_batches_tracked.add_(1)
@@ -350,9 +360,8 @@ def batch_norm_relu_classifier(x: Tensor, norm: nn.BatchNorm2d, weight: Tensor, 
         norm.running_mean.mul_(1 - factor).add_(mean.to(norm.running_mean.dtype), alpha=factor)
         unbiased = var * (count / (count - 1))
         norm.running_var.mul_(1 - factor).add_(unbiased.to(norm.running_var.dtype), alpha=factor)
-    device = x.device.type
-    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    out_dtype = matmul_dtype(x)
     rstd = torch.rsqrt(var + norm.eps)
     return torch.ops.segattn.norm_relu_classifier.default(
-        x, mean, rstd, norm.weight, norm.bias, weight, bias, out_dtype
+        x, mean, rstd, norm.weight, norm.bias, weight, bias, out_dtype, output_read
     )

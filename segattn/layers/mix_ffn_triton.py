@@ -363,7 +363,7 @@ def _(grad_pre, tokens, conv_weight, height, width):
 class MixFFNFunction(torch.autograd.Function):
     """Mix-FFN on [B, N, in] tokens as one autograd node: fc1's matmul (``F.linear`` without its bias, in
     autocast's dtype) and ``mix_ffn``; backward the three operators above and ∂b₂ = Σ ∂out. Keeps the
-    tokens and h."""
+    tokens and h; without ``output_read`` returns an unwritten tensor instead of running ``mix_ffn``."""
 
     @staticmethod
     def forward(
@@ -377,10 +377,13 @@ class MixFFNFunction(torch.autograd.Function):
         fc2_bias: Tensor,
         height: int,
         width: int,
+        output_read: bool = True,
     ) -> Tensor:
         hidden = F.linear(tokens, fc1_weight)
         ctx.save_for_backward(tokens, hidden, fc1_weight, fc1_bias, conv_weight, conv_bias, fc2_weight)
         ctx.hw, ctx.dtypes = (height, width), (tokens.dtype, fc1_weight.dtype, fc2_bias.dtype)
+        if not output_read:
+            return hidden.new_empty(*hidden.shape[:2], fc2_weight.shape[0])
         ops = torch.ops.segattn
         return ops.mix_ffn.default(
             hidden, fc1_bias, conv_weight, conv_bias, fc2_weight, fc2_bias, height, width
@@ -407,6 +410,7 @@ class MixFFNFunction(torch.autograd.Function):
             grad_conv_bias,
             grad_fc2_weight,
             grad.sum(dim=(0, 1), dtype=torch.float32).to(fc2_bias_dtype),
+            None,
             None,
             None,
         )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -65,7 +66,30 @@ class MixFFN(nn.Module):
         self.kernel_backend = kernel_backend()
 
     def forward(self, x: Tensor, hw: HW) -> Tensor:
-        return mix_ffn(x, hw, self.fc1, self.dwconv, self.fc2, self.kernel_backend)
+        read = not return_unread(self)
+        return mix_ffn(x, hw, self.fc1, self.dwconv, self.fc2, self.kernel_backend, output_read=read)
+
+
+UNREAD: ContextVar[object | None] = ContextVar("UNREAD", default=None)  # set by ``unread_return``
+
+
+def return_unread(module: nn.Module) -> bool:
+    """Whether what ``module`` returns now goes unread: ``recompute_in_backward`` is recomputing it in
+    backward, where only what its operators save for backward is kept (or its caller passed this on,
+    ``unread_return``). An autograd Function that saves its inputs may then skip computing its output; an
+    operator that saves its output may not. Never under ``torch.compile``, whose graphs recompute their own
+    way."""
+    return not torch.compiler.is_compiling() and UNREAD.get() is module
+
+
+@contextmanager
+def unread_return(module: object) -> Iterator[None]:
+    """``return_unread(module)`` inside."""
+    token = UNREAD.set(module)
+    try:
+        yield
+    finally:
+        UNREAD.reset(token)
 
 
 @contextmanager
@@ -96,24 +120,27 @@ def recompute_in_backward(
         return function(*args)
     if torch.compiler.is_compiling():  # the compiled graph recomputes pure operators only, no side effects
         return checkpoint(function, *args, use_reentrant=False)
-    if keep_stats_of is None:
-        return checkpoint(function, *args, use_reentrant=False, context_fn=recompute_contexts)
-    return checkpoint(
-        function, *args, use_reentrant=False, context_fn=partial(stats_kept_contexts, keep_stats_of)
-    )
+    owner = function if isinstance(function, nn.Module) else getattr(function, "__self__", None)
+    contexts = partial(segment_contexts, owner, keep_stats_of)
+    return checkpoint(function, *args, use_reentrant=False, context_fn=contexts)
 
 
-def stats_kept_contexts(module: nn.Module) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """``checkpoint``'s context_fn: ``recompute_contexts`` with ``module``'s running statistics kept in the
-    recompute."""
+def segment_contexts(
+    owner: object, keep_stats_of: nn.Module | None
+) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """``checkpoint``'s context_fn: ``recompute_contexts``, with ``owner``'s return unread in the recompute
+    (``return_unread``) and ``keep_stats_of``'s running statistics kept there."""
     forward, recompute = recompute_contexts()
-    return forward, both(recompute, running_stats_kept(module))
+    stats = nullcontext() if keep_stats_of is None else running_stats_kept(keep_stats_of)
+    return forward, all_of(recompute, unread_return(owner), stats)
 
 
 @contextmanager
-def both(first: AbstractContextManager, second: AbstractContextManager) -> Iterator[None]:
-    """Enter ``first``, then ``second``."""
-    with first, second:
+def all_of(*contexts: AbstractContextManager) -> Iterator[None]:
+    """Enter ``contexts`` in turn."""
+    with ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
         yield
 
 
@@ -176,7 +203,10 @@ class Block(Checkpointable):
         else:
             x, normed = self.norm1(x, pending, pending_drop)
         x, normed = self.norm2(x, self.ls1(self.attn(normed, hw)), self.drop_path1)
-        branch = self.ls2(self.mlp(normed, hw))
+        # the branch is read only by this block's return unless LayerScale keeps it for backward
+        unread = return_unread(self) and isinstance(self.ls2, nn.Identity)
+        with unread_return(self.mlp) if unread else nullcontext():
+            branch = self.ls2(self.mlp(normed, hw))
         return (x, branch) if open_end else x + self.drop_path2(branch)
 
 

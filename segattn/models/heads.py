@@ -15,8 +15,9 @@ from timm.layers import BatchNormAct2d, ConvNormAct
 from timm.models.efficientvit_mit import MBConv, ResidualBlock
 from torch import Tensor, nn
 
-from ..layers import TRITON, choose_path, kernel_backend, resample_grid
+from ..layers import TRITON, choose_path, kernel_backend, matmul_operand, resample_grid
 from ..layers.fast_path import MAX_HEAD_DIM
+from .blocks import return_unread
 
 
 def resized(x: Tensor, size: torch.Size) -> Tensor:
@@ -100,11 +101,12 @@ class MLPHead(nn.Module):
         ones = torch.ones(*fused.shape[:2], 1, 1, dtype=fused.dtype, device=fused.device)
         keep = self.dropout(ones).flatten(1)  # the channel mask Dropout2d draws for the fused map
         weight = self.classifier.weight.flatten(1) * keep[:, None, :]  # [B, classes, channels]
+        read = not return_unread(self)  # recomputed in backward: the logits are not needed
         if self.takes_head_operators(fused):
             from ..layers.head_triton import batch_norm_relu_classifier  # imports triton
 
-            return batch_norm_relu_classifier(fused, self.fuse.bn, weight, self.classifier.bias)
-        return ReluClassifier.apply(self.fuse.bn(fused), weight, self.classifier.bias)
+            return batch_norm_relu_classifier(fused, self.fuse.bn, weight, self.classifier.bias, read)
+        return ReluClassifier.apply(self.fuse.bn(fused), weight, self.classifier.bias, read)
 
     def takes_head_operators(self, fused: Tensor) -> bool:
         """Whether a training step on ``fused`` runs BN, ReLU and classifier as ``layers.head_triton``'s
@@ -157,24 +159,21 @@ class MLPHead(nn.Module):
         return level if level.shape[-2:] == size else resample_grid(level, size)
 
 
-def matmul_operand(x: Tensor) -> Tensor:
-    """``x`` in the dtype a matmul on it runs in: autocast's where autocast is on (what the matmul would cast
-    it to), else its own."""
-    device = x.device.type
-    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
-
-
 class ReluClassifier(torch.autograd.Function):
     """ReLU, then a 1×1 classifier with a weight per image ([B, classes, channels]): the gradient of the
     ReLU's input is masked in place, so one full-resolution map fewer is alive in backward than autograd's
-    own ReLU backward needs. Runs in the dtype autocast gives the classifier; gradients in the inputs'."""
+    own ReLU backward needs. Runs in the dtype autocast gives the classifier; gradients in the inputs'.
+    Without ``output_read`` the logits are left unwritten."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, output_read: bool = True) -> Tensor:
         y = x.relu()
-        logits = torch.baddbmm(bias[:, None], weight, y.flatten(2))
         ctx.save_for_backward(y, weight)
         ctx.bias_dtype = bias.dtype
+        if not output_read:
+            dtype = matmul_operand(weight).dtype
+            return y.new_empty(y.shape[0], weight.shape[1], *y.shape[2:], dtype=dtype)
+        logits = torch.baddbmm(bias[:, None], weight, y.flatten(2))
         return logits.unflatten(2, x.shape[-2:])
 
     @staticmethod
@@ -187,7 +186,7 @@ class ReluClassifier(torch.autograd.Function):
         grad_x = grad_y if grad_y.stride() == y.stride() else torch.empty_like(y)
         torch.ops.aten.threshold_backward.grad_input(grad_y, y, 0, grad_input=grad_x)
         grad_weight = torch.bmm(grad, activations.transpose(1, 2)).to(weight.dtype)
-        return grad_x, grad_weight, grad.sum((0, 2)).to(ctx.bias_dtype)
+        return grad_x, grad_weight, grad.sum((0, 2)).to(ctx.bias_dtype), None
 
 
 class FCNHead(nn.Module):

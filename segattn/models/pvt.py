@@ -26,7 +26,7 @@ from timm.models.pvt_v2 import checkpoint_filter_fn
 from torch import Tensor, nn
 
 from segattn.attention import attention_class
-from segattn.layers import HW, LayerNorm, from_grid, resample_grid_embedding, to_grid
+from segattn.layers import HW, LayerNorm, from_grid, matmul_operand, resample_grid_embedding, to_grid
 
 from .blocks import (
     AttentionSpec,
@@ -80,7 +80,8 @@ class PatchEmbed(Checkpointable):
         self.norm = LayerNorm(embed_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return recompute_in_backward(self.grad_checkpointing, self.embed, x)
+        # cast before the checkpoint, which keeps the cast image rather than casting it again in the recompute
+        return recompute_in_backward(self.grad_checkpointing, self.embed, matmul_operand(x))
 
     def embed(self, x: Tensor) -> Tensor:
         return self.norm(self.proj(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

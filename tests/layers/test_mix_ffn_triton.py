@@ -23,7 +23,7 @@ from operator_names import OperatorNames, compiled_segattn_targets
 
 from segattn.layers import KERNEL_ENV
 from segattn.layers.mix_ffn_triton import MixFFNFunction
-from segattn.models.blocks import MixFFN
+from segattn.models.blocks import Block, MixFFN
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HEIGHT, WIDTH = 5, 7  # an interpreter tile of 64 pixels holds one image; its last rows lie past the grid
@@ -151,3 +151,32 @@ def test_tokens_that_need_no_gradient_get_no_input_gradient_launch() -> None:
     assert "segattn.mix_ffn_fc1_grad.default" in names.names
     assert "segattn.mix_ffn_input_grad.default" not in names.names
     assert all(p.grad is not None for p in parameters)
+
+
+class Halving(torch.nn.Module):
+    """An attention stand-in for a block: x / 2."""
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        return x / 2
+
+
+@pytest.mark.parametrize("init_values", [None, 0.5])
+def test_a_checkpointed_block_runs_the_forward_operator_only_where_its_output_is_read(
+    monkeypatch: pytest.MonkeyPatch, init_values: float | None
+) -> None:
+    """Recomputed in backward, a block's Mix-FFN saves what its backward needs without running ``mix_ffn``,
+    whose output only the block's return reads, and backward discards that; with LayerScale, which keeps
+    the output for its own gradient, it runs again. The gradients equal the block's without checkpointing
+    either way."""
+    monkeypatch.setenv(KERNEL_ENV, "ffn" if DEVICE.type == "cuda" else "triton")
+    torch.manual_seed(0)
+    block = Block(8, Halving(), MixFFN(8, 16), init_values=init_values).to(DEVICE)
+    x = torch.randn(2, SMALL[0] * SMALL[1], 8, device=DEVICE, requires_grad=True)
+    inputs = [x, *block.parameters()]
+    expected = torch.autograd.grad(block(x, SMALL).square().sum(), inputs)
+    block.grad_checkpointing = True
+    with OperatorNames() as names:
+        got = torch.autograd.grad(block(x, SMALL).square().sum(), inputs)
+    assert names.names.count("segattn.mix_ffn.default") == (1 if init_values is None else 2)
+    for actual, wanted in zip(got, expected, strict=True):
+        torch.testing.assert_close(actual, wanted)
