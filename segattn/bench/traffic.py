@@ -14,12 +14,16 @@ takes the component of the node that consumed its output). Ops of a forward reco
 one op, charged its inputs and outputs, as its kernels read and write them, and CUDA's autocast rules where
 they differ from the CPU's (``CudaAutocast``; LayerNorm's own output dtype); ``paths="cpu"`` the PyTorch
 paths this CPU runs under the CPU's rules.
+
+The same pass counts the most bytes of tensors alive at once (``HeldBytes``): each storage from the op that
+returns it until eager PyTorch frees it.
 """
 
 from __future__ import annotations
 
 import collections
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -83,10 +87,13 @@ def component_of(path: str) -> str:
 
 @dataclass
 class StepTraffic:
-    """Bytes moved per (component, phase), and per (component, ATen op name, phase) for the curious."""
+    """Bytes moved per (component, phase), and per (component, ATen op name, phase) for the curious; the
+    most bytes of tensors alive at once (``HeldBytes``) and the phase that reached it."""
 
     bytes: collections.Counter[tuple[str, str]]
     by_op: collections.Counter[tuple[str, str, str]]
+    peak_held: int = 0
+    peak_phase: str = "forward"
 
     @property
     def total(self) -> int:
@@ -124,6 +131,8 @@ class ModulePaths:
         self.names = {id(module): name for name, module in root.named_modules()}
         self.stack: list[tuple[str, FrameType]] = []  # (path, the frame calling its forward)
         self.node_paths: dict[Any, str] = {}
+        # off in backward: a recompute's nodes never run, and a tag would keep them and what they saved
+        self.tagging = True
 
     def pre_hook(self, module: nn.Module, args: Any) -> None:
         name = self.names.get(id(module))
@@ -148,7 +157,7 @@ class ModulePaths:
         return self.stack[-1][0] if self.stack else None
 
     def tag(self, output: Any) -> None:
-        if not self.stack:
+        if not (self.tagging and self.stack):
             return
         for tensor in tree_leaves(output):
             node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) else None
@@ -200,18 +209,53 @@ def upcast(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
 
 
+class HeldBytes:
+    """The bytes of the tensors alive, counted by storage: a storage from when an op first returns it (or
+    ``hold`` is given a tensor on it) until it is freed, which a weak reference to it tells (PyTorch keeps
+    one Python object per live storage). Eager PyTorch's lifetimes, with no allocator rounding, caching or
+    workspaces: a floor for a device's peak."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+        self.seen: set[int] = set()  # ids of the live storages counted
+
+    def hold(self, tensor: torch.Tensor) -> bool:
+        """Count ``tensor``'s storage if it is new; whether the total reached a new peak."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self.seen:
+            return False
+        size = storage.nbytes()
+        self.seen.add(key)
+        weakref.finalize(storage, self.release, key, size)
+        self.now += size
+        if self.now <= self.peak:
+            return False
+        self.peak = self.now
+        return True
+
+    def release(self, key: int, size: int) -> None:
+        self.seen.discard(key)
+        self.now -= size
+
+
 class CountBytes(TorchDispatchMode):
     """Charges each ATen op its tensors' bytes, to the running module (forward) or the module of the autograd
-    node being run (backward)."""
+    node being run (backward), and holds its outputs (``HeldBytes``)."""
 
-    def __init__(self, paths: ModulePaths) -> None:
+    def __init__(self, paths: ModulePaths, held: HeldBytes) -> None:
         super().__init__()
         self.paths = paths
+        self.held = held
         self.traffic = StepTraffic(collections.Counter(), collections.Counter())
         self.in_backward = False  # set by the caller around ``loss.backward()``
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         output = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(output):
+            if isinstance(tensor, torch.Tensor) and self.held.hold(tensor):
+                self.traffic.peak_held = self.held.peak
+                self.traffic.peak_phase = "backward" if self.in_backward else "forward"
         if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in MOVES_NOTHING:
             return output  # metadata queries, views and allocations move no bytes
         arguments = func._schema.arguments
@@ -255,8 +299,9 @@ def step_traffic(
 ) -> StepTraffic:
     """The bytes one training step of ``module`` (a SegmentationModule) moves on a batch of ``batch``
     images of ``height`` × ``width``: the loss of ``head_losses`` (plus the auxiliary head's, weighted) and
-    its backward. ``precision``: ``bf16-mixed`` (autocast) or ``32-true``; ``device_paths``: ``gpu`` (the
-    Triton operators where a CUDA device takes them) or ``cpu``."""
+    its backward; and the most it holds at once: parameters, buffers, the batch, activations and
+    gradients (not the optimizer's state). ``precision``: ``bf16-mixed`` (autocast) or ``32-true``;
+    ``device_paths``: ``gpu`` (the Triton operators where a CUDA device takes them) or ``cpu``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..layers.fast_path import paths_of_a_gpu
@@ -270,7 +315,10 @@ def step_traffic(
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         images = torch.empty(batch, 3, height, width)
         masks = torch.zeros(batch, height, width, dtype=torch.long)
-        counter = stack.enter_context(CountBytes(paths))
+        held = HeldBytes()
+        for tensor in (*module.parameters(), *module.buffers(), images, masks):
+            held.hold(tensor)
+        counter = stack.enter_context(CountBytes(paths, held))
         stack.enter_context(module_hooks(paths))
         if device_paths == "gpu":
             stack.enter_context(CudaAutocast())
@@ -280,12 +328,13 @@ def step_traffic(
             if aux_loss is not None:
                 loss = loss + module.model.aux_weight * aux_loss
         paths.inherit(loss.grad_fn)
-        counter.in_backward = True
+        paths.tagging, counter.in_backward = False, True
         # the engine itself: loss.backward() is a torch function, and a mode steps aside while one runs, so a
         # checkpoint's recompute inside it would miss CudaAutocast's rules
         run_backward(
             (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True
         )
+    counter.traffic.peak_held = max(counter.traffic.peak_held, held.peak)
     return counter.traffic
 
 
@@ -301,6 +350,7 @@ def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[s
     setting |= {"batch": batch, "precision": precision, "paths": values["paths"], "kernel": values["kernel"]}
     setting |= {"grad_checkpointing": values["model"].get("grad_checkpointing", False)}
     setting |= {"chunk_rows": values["loss"].get("chunk_rows")}
+    setting |= {"peak_held_gib": round(traffic.peak_held / 2**30, 2), "peak_phase": traffic.peak_phase}
     rows = [setting | row for row in traffic.rows(values["bandwidth"])]
     write_csv(out_dir / "traffic.csv", rows)
     columns = [
@@ -322,7 +372,9 @@ def run(module: nn.Module, values: dict[str, Any], out_dir: Path) -> list[dict[s
     ]
     caption = (
         f"one training step of {setting['model']} with {setting['attention']} at {batch}×{size}², "
-        f"{precision}, {values['paths']} paths, counted op by op on fake tensors on the CPU"
+        f"{precision}, {values['paths']} paths, counted op by op on fake tensors on the CPU; at most "
+        f"{setting['peak_held_gib']} GiB of tensors held at once (in {traffic.peak_phase}; "
+        "no optimizer state)"
     )
     print_table("traffic", columns, body, caption)
     return rows

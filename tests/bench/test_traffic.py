@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from train_overrides import TINY_MODEL
 
 from segattn.bench.traffic import (
@@ -68,6 +69,55 @@ def test_forward_bytes_are_each_ops_inputs_and_outputs():
 )
 def test_module_paths_map_to_components(path, component):
     assert component_of(path) == component
+
+
+class TwoConvStep(nn.Module):
+    """A step whose peak is known by hand: two 1x1 convolutions (the head) and a sum (the loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.head = nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.Conv2d(4, 2, 1, bias=False))
+        self.model.aux_weight = 0.4
+
+    def head_losses(self, images, masks):
+        return self.model.head(images).sum(), None
+
+
+def test_the_peak_held_is_the_tensors_alive_at_once():
+    """fp32, one 8x8 image: the weights (48 + 32 bytes), the image (768) and the masks (512, int64) are
+    held throughout; the first conv's output (1024) is kept for the second's weight gradient, the second's
+    output (512) is freed once summed. The peak is in backward, while the second conv's backward writes
+    ∂a1 (1024) and ∂w2 (32) beside a1, the loss and the ones it starts from (4 each)."""
+    step = step_traffic(TwoConvStep(), 1, 8, 8, precision="32-true", device_paths="cpu")
+    assert step.peak_held == 80 + 768 + 512 + 1024 + 4 + 4 + 1024 + 32
+    assert step.peak_phase == "backward"
+
+
+class CheckpointedSegment(nn.Module):
+    """conv, ReLU, conv (1x1, 4 channels), recomputed in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Conv2d(4, 4, 1, bias=False), nn.ReLU(), nn.Conv2d(4, 4, 1, bias=False))
+
+    def forward(self, x):
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def test_each_checkpointed_segment_adds_its_held_input_and_weights_to_the_peak():
+    """A chain of segments recomputed in backward: each more holds its input from forward to backward
+    (4 × 64 fp32, 1024 bytes) and its two weights (128), nothing of its recompute once its backward ran
+    (the counter keeps no autograd node a recompute made)."""
+
+    def peak(segments: int) -> int:
+        step = OneConvStep()
+        step.model.head = nn.Sequential(
+            nn.Conv2d(3, 4, 1, bias=False), *(CheckpointedSegment() for _ in range(segments))
+        )
+        return step_traffic(step, 1, 8, 8, precision="32-true", device_paths="cpu").peak_held
+
+    assert peak(4) - peak(2) == 2 * (1024 + 128)
 
 
 def test_a_pvt_step_is_counted_by_component_and_checkpointing_moves_more_in_backward():
@@ -250,6 +300,7 @@ def test_the_traffic_part_writes_a_row_per_component_and_the_total(tmp_path, cap
     assert float(rows[-1]["total_gb"]) == pytest.approx(
         sum(float(row["total_gb"]) for row in rows[:-1]), abs=0.05
     )
+    assert len({row["peak_held_gib"] for row in rows}) == 1  # the step's, on every row
     assert "attention core" in capsys.readouterr().out
 
 
