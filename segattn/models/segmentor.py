@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..layers.fast_path import exporting
 from .blocks import Checkpointable, recompute_in_backward, set_block_checkpointing
 from .encoder import Encoder
 
@@ -69,9 +71,14 @@ class Segmentor(nn.Module):
         return (height + stride - 1) // stride * stride, (width + stride - 1) // stride * stride
 
     def pad_to_stride(self, images: Tensor) -> Tensor:
-        """``images`` zero-padded on the right and bottom to a multiple of ``stride``."""
+        """``images`` zero-padded on the right and bottom to a multiple of ``stride``; themselves, not a copy,
+        where they are one already, except in a traced or compiled graph, which keeps the pad for the sizes
+        that need one."""
         height, width = images.shape[-2:]
         padded_height, padded_width = self.padded_size(height, width)
+        traced = exporting() or torch.compiler.is_compiling()
+        if (padded_height, padded_width) == (height, width) and not traced:
+            return images
         return F.pad(images, (0, padded_width - width, 0, padded_height - height))
 
     def padded_logits(

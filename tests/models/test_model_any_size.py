@@ -53,3 +53,14 @@ def test_vit_outputs_follow_out_indices(build_tiny) -> None:
     features = model.encoder(torch.randn(1, 3, 32, 48))
     assert model.encoder.out_indices == [0, 3]
     assert [tuple(f.shape) for f in features] == [(1, 32, 2, 3), (1, 32, 2, 3)]
+
+
+def test_an_image_at_a_multiple_of_the_stride_is_not_copied_except_in_a_trace(build_tiny) -> None:
+    """Eager: no padding needed, no copy. Traced: the pad stays in the graph, so the traced function pads
+    an image of another size."""
+    model = build_tiny("pvt").eval()
+    images = torch.randn(1, 3, 64, 96)
+    assert model.pad_to_stride(images) is images
+    assert model.pad_to_stride(torch.randn(1, 3, 65, 96)).shape[-2:] == (96, 96)
+    traced = torch.jit.trace(lambda x: model.pad_to_stride(x), images)
+    assert traced(torch.randn(1, 3, 65, 70)).shape[-2:] == (96, 96)
