@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.library import custom_op, register_autograd, register_fake
 
 from .dtypes import matmul_dtype
+from .recompute import reused
 
 PROGRAMS_PER_SM = 4  # the walking kernels' programs per multiprocessor
 INTERPRETER_PROGRAMS = 2
@@ -352,7 +353,8 @@ def batch_norm_relu_classifier(
     training mode with batch statistics, whose running statistics are updated as nn.BatchNorm2d's own
     training step updates them; in autocast's dtype where it is on, else x's. Unwritten without
     ``output_read``."""
-    mean, var = torch.ops.segattn.batch_stats.default(x.detach())
+    # a recompute in backward gets the forward's statistics, not another pass over x
+    mean, var = reused(lambda: torch.ops.segattn.batch_stats.default(x.detach()))
     with torch.no_grad():
         norm.num_batches_tracked.add_(1)
         factor = 1.0 / float(norm.num_batches_tracked) if norm.momentum is None else norm.momentum

@@ -39,6 +39,7 @@ from torch.library import custom_op, register_fake
 
 from .depthwise_triton import INV_SQRT_2PI, SQRT_HALF, backward_programs, conv_tile, load_tile
 from .head_triton import dot_operand
+from .recompute import placeholder
 
 NUM_WARPS = 8  # at 4 the walking kernels spilled in fp32 (tests/attention/test_triton_compile.py)
 
@@ -363,7 +364,7 @@ def _(grad_pre, tokens, conv_weight, height, width):
 class MixFFNFunction(torch.autograd.Function):
     """Mix-FFN on [B, N, in] tokens as one autograd node: fc1's matmul (``F.linear`` without its bias, in
     autocast's dtype) and ``mix_ffn``; backward the three operators above and ∂b₂ = Σ ∂out. Keeps the
-    tokens and h; without ``output_read`` returns an unwritten tensor instead of running ``mix_ffn``."""
+    tokens and h; without ``output_read`` returns a ``placeholder`` instead of running ``mix_ffn``."""
 
     @staticmethod
     def forward(
@@ -383,7 +384,7 @@ class MixFFNFunction(torch.autograd.Function):
         ctx.save_for_backward(tokens, hidden, fc1_weight, fc1_bias, conv_weight, conv_bias, fc2_weight)
         ctx.hw, ctx.dtypes = (height, width), (tokens.dtype, fc1_weight.dtype, fc2_bias.dtype)
         if not output_read:
-            return hidden.new_empty(*hidden.shape[:2], fc2_weight.shape[0])
+            return placeholder((*hidden.shape[:2], fc2_weight.shape[0]), hidden, hidden.dtype)
         ops = torch.ops.segattn
         return ops.mix_ffn.default(
             hidden, fc1_bias, conv_weight, conv_bias, fc2_weight, fc2_bias, height, width

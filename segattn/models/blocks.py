@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -22,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from segattn import layers
 from segattn.attention import AttentionBase, attention_options, build_attention
 from segattn.layers import HW, kernel_backend, mix_ffn
+from segattn.layers.recompute import Reused, return_unread, unread_return
 from segattn.parallel import recompute_contexts
 
 LayerNorm = partial(layers.LayerNorm, eps=1e-6)  # the eps of timm's ViT and PVTv2 blocks
@@ -70,28 +70,6 @@ class MixFFN(nn.Module):
         return mix_ffn(x, hw, self.fc1, self.dwconv, self.fc2, self.kernel_backend, output_read=read)
 
 
-UNREAD: ContextVar[object | None] = ContextVar("UNREAD", default=None)  # set by ``unread_return``
-
-
-def return_unread(module: nn.Module) -> bool:
-    """Whether what ``module`` returns now goes unread: ``recompute_in_backward`` is recomputing it in
-    backward, where only what its operators save for backward is kept (or its caller passed this on,
-    ``unread_return``). An autograd Function that saves its inputs may then skip computing its output; an
-    operator that saves its output may not. Never under ``torch.compile``, whose graphs recompute their own
-    way."""
-    return not torch.compiler.is_compiling() and UNREAD.get() is module
-
-
-@contextmanager
-def unread_return(module: object) -> Iterator[None]:
-    """``return_unread(module)`` inside."""
-    token = UNREAD.set(module)
-    try:
-        yield
-    finally:
-        UNREAD.reset(token)
-
-
 @contextmanager
 def running_stats_kept(module: nn.Module) -> Iterator[None]:
     """BatchNorm running statistics inside ``module`` are what they were on entry once the block exits: a
@@ -115,7 +93,8 @@ def recompute_in_backward(
     """``function(*args)``; with ``enabled`` (and autograd on) its activations are not stored but recomputed
     in backward (non-reentrant, so it works under DDP and with inputs that do not require grad; on the same
     band when the image is split across processes). The BatchNorm running statistics inside
-    ``keep_stats_of`` are updated by the forward only, not again by the recompute."""
+    ``keep_stats_of`` are updated by the forward only, not again by the recompute, which takes what the
+    forward computed through ``layers.recompute.reused`` (the head's batch statistics) from it."""
     if not (enabled and torch.is_grad_enabled()):
         return function(*args)
     if torch.compiler.is_compiling():  # the compiled graph recomputes pure operators only, no side effects
@@ -128,11 +107,15 @@ def recompute_in_backward(
 def segment_contexts(
     owner: object, keep_stats_of: nn.Module | None
 ) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """``checkpoint``'s context_fn: ``recompute_contexts``, with ``owner``'s return unread in the recompute
-    (``return_unread``) and ``keep_stats_of``'s running statistics kept there."""
+    """``checkpoint``'s context_fn: ``recompute_contexts``, with the forward's ``reused`` values given back in
+    the recompute, ``owner``'s return unread there (``return_unread``) and ``keep_stats_of``'s running
+    statistics kept."""
     forward, recompute = recompute_contexts()
     stats = nullcontext() if keep_stats_of is None else running_stats_kept(keep_stats_of)
-    return forward, all_of(recompute, unread_return(owner), stats)
+    values = Reused()
+    return all_of(forward, values.recording()), all_of(
+        recompute, values.replaying(), unread_return(owner), stats
+    )
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..layers import TRITON, choose_path, kernel_backend, matmul_operand, resample_grid
 from ..layers.fast_path import MAX_HEAD_DIM
-from .blocks import return_unread
+from ..layers.recompute import placeholder, return_unread
 
 
 def resized(x: Tensor, size: torch.Size) -> Tensor:
@@ -171,8 +171,7 @@ class ReluClassifier(torch.autograd.Function):
         ctx.save_for_backward(y, weight)
         ctx.bias_dtype = bias.dtype
         if not output_read:
-            dtype = matmul_operand(weight).dtype
-            return y.new_empty(y.shape[0], weight.shape[1], *y.shape[2:], dtype=dtype)
+            return placeholder((y.shape[0], weight.shape[1], *y.shape[2:]), y, matmul_operand(weight).dtype)
         logits = torch.baddbmm(bias[:, None], weight, y.flatten(2))
         return logits.unflatten(2, x.shape[-2:])
 

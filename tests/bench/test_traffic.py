@@ -220,7 +220,8 @@ def test_a_gpus_default_leaves_the_opt_in_forms_to_their_names_and_triton(monkey
 
 def test_a_recompute_in_backward_runs_no_operator_whose_output_goes_unread(monkeypatch):
     """Under checkpointing on every form, Mix-FFN's forward operator and the head's classifier, read only by
-    the return of the segment being recomputed, which backward discards, are not charged in backward."""
+    the return of the segment being recomputed, which backward discards, are not charged in backward; nor
+    are the head's batch statistics, which the recompute takes from the forward."""
     from segattn.layers import KERNEL_ENV
     from segattn.layers.fast_path import paths_of_a_gpu
 
@@ -231,7 +232,7 @@ def test_a_recompute_in_backward_runs_no_operator_whose_output_goes_unread(monke
         module = build_module(cfg, SegDataModule(**plain(cfg.data)))
     step = step_traffic(module, 1, 64, 64, device_paths="gpu")
     ran = {(op, phase) for _, op, phase in step.by_op}
-    for op in ("segattn.mix_ffn", "segattn.norm_relu_classifier"):
+    for op in ("segattn.mix_ffn", "segattn.norm_relu_classifier", "segattn.batch_stats"):
         assert (op, "forward") in ran, op
         assert (op, "backward") not in ran, op
     assert ("segattn.residual_layer_norm", "backward") in ran  # the rest of the blocks is recomputed

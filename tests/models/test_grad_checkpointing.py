@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from segattn.layers.recompute import reused
 from segattn.models import Segmentor
+from segattn.models.blocks import recompute_in_backward
 
 
 def watched_modules(model: Segmentor, name: str) -> list[nn.Module]:
@@ -98,3 +100,30 @@ def test_compiled_checkpointing_keeps_gradients_and_statistics(build_tiny) -> No
     buffers = dict(compiled.named_buffers())
     for name, buffer in plain.named_buffers():
         torch.testing.assert_close(buffers[name], buffer, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class TwoReusedScales(nn.Module):
+    """x · a · b, where a and b come from ``reused``: in a checkpointed forward they are computed once and
+    given back in order to the recompute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computed: list[str] = []
+
+    def scale(self, name: str, value: float) -> torch.Tensor:
+        self.computed.append(name)
+        return torch.tensor(value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = reused(lambda: self.scale("a", 2.0))
+        b = reused(lambda: self.scale("b", 3.0))
+        return (x * a).sin() * b
+
+
+def test_a_recompute_gets_the_forwards_reused_values_back_in_order() -> None:
+    module = TwoReusedScales()
+    x = torch.randn(5, requires_grad=True)
+    (grad,) = torch.autograd.grad(recompute_in_backward(True, module, x).sum(), x)
+    assert module.computed == ["a", "b"]  # not again in backward
+    torch.testing.assert_close(grad, 6 * torch.cos(2 * x))
+    assert reused(lambda: 7) == 7  # outside a checkpointed segment: computed
