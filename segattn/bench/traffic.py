@@ -3,7 +3,8 @@ allocated or computed, so a 4096² step of any model is counted on a CPU in seco
 
 Each ATen op is charged the bytes of its tensor inputs and outputs (it reads each input and writes each output
 once; an out argument of its schema, ``out=`` or ``grad_input=``, is written, not read, an input taken for its
-shape alone (``SHAPE_ONLY``) not read either; views and ``empty`` allocations move nothing). A forward op is
+shape alone (``SHAPE_ONLY``) not read either, one read at an index's elements (``INDEXED``: gather, NLL)
+charged those elements alone; views and ``empty`` allocations move nothing). A forward op is
 charged to the innermost module running it, a module's output to that module; a backward op to the module
 whose forward created the autograd node it belongs to (a node made inside an autograd Function or by a view
 takes the component of the node that consumed its output). Ops of a forward recomputed in backward
@@ -65,6 +66,12 @@ SHAPE_ONLY = {  # inputs an op takes for their shape, dtype or device alone: not
     torch.ops.aten.full_like: "self",
     torch.ops.aten.nll_loss_backward: "self",  # fills ∂input from the target alone
     torch.ops.aten.nll_loss2d_backward: "self",
+}
+INDEXED = {  # (input, index): the input is read at one element per element of the index, charged those alone
+    torch.ops.aten.gather: ("self", "index"),
+    torch.ops.aten.scatter_add_: ("self", "index"),  # in place: those elements read and written
+    torch.ops.aten.nll_loss_forward: ("self", "target"),
+    torch.ops.aten.nll_loss2d_forward: ("self", "target"),
 }
 
 
@@ -263,10 +270,17 @@ class CountBytes(TorchDispatchMode):
         named = dict(zip((arg.name for arg in arguments), args, strict=False)) | (kwargs or {})
         if named.get("output_read") is False:
             return output  # a segattn operator whose output goes unread launches nothing
-        unread = {arg.name for arg in arguments if arg.is_out} | {SHAPE_ONLY.get(func.overloadpacket)}
+        indexed, index = INDEXED.get(func.overloadpacket, (None, None))
+        unread = {arg.name for arg in arguments if arg.is_out} | {
+            SHAPE_ONLY.get(func.overloadpacket),
+            indexed,
+        }
         reads = [value for name, value in named.items() if name not in unread]
-        tensors = [t for t in tree_leaves((reads, output)) if isinstance(t, torch.Tensor)]
+        in_place = indexed is not None and output is named[indexed]
+        tensors = [t for t in tree_leaves((reads, [] if in_place else output)) if isinstance(t, torch.Tensor)]
         moved = sum(t.numel() * t.element_size() for t in tensors)
+        if indexed is not None:
+            moved += named[index].numel() * named[indexed].element_size() * (2 if in_place else 1)
         node = torch._C._current_autograd_node()
         # the running module (a forward, or one recomputed in backward), else the node's (None: the loss's
         # own gradient, or ops between modules in forward)

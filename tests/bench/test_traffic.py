@@ -345,6 +345,29 @@ def test_inputs_taken_for_their_shape_alone_are_not_read():
     assert nll_backward == 4 * 2 + 8 * pixels + 4 * 2 * pixels
 
 
+class GatherStep(OneConvStep):
+    """A step that gathers the head's map at each pixel's label and adds it back in place (scatter_add_)."""
+
+    def head_losses(self, images, masks):
+        logits = self.model.head(images)
+        picked = logits.gather(1, masks[:, None])
+        return logits.clone().scatter_add_(1, masks[:, None], picked).sum(), None
+
+
+def test_an_input_read_at_an_index_is_charged_the_elements_read():
+    """NLL's forward reads one logit per pixel, gather one element per index, and an in-place scatter_add_
+    reads and writes one element per index (with its source); the int64 index is read."""
+    height, width = 8, 6
+    pixels = height * width
+    nll = step_traffic(NllStep(), 1, height, width, precision="32-true")
+    # the target, one logit per pixel, the loss and the total weight
+    assert nll.by_op[(LOSS, "aten.nll_loss2d_forward", "forward")] == 8 * pixels + 4 * pixels + 4 + 4
+    gathered = step_traffic(GatherStep(), 1, height, width, precision="32-true")
+    assert gathered.by_op[(LOSS, "aten.gather", "forward")] == 8 * pixels + 4 * pixels + 4 * pixels
+    scatter = gathered.by_op[(LOSS, "aten.scatter_add_", "forward")]
+    assert scatter == 8 * pixels + 4 * pixels + 2 * 4 * pixels
+
+
 def test_gpu_paths_count_cuda_autocasts_fp32_ops_in_fp32():
     """Under ``paths=gpu`` the CPU's autocast is given CUDA's rules where they differ: interpolate and
     LayerNorm run in fp32 (a norm that feeds only a matmul writes the autocast dtype), matmuls in bf16."""
