@@ -8,10 +8,12 @@ random crop that lands entirely on ignore pixels cannot poison training.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ..errors import ConfigError
 from ..files import conf_values
@@ -57,9 +59,7 @@ def cross_entropy_sums(
     """The weighted sum of the counted pixels' losses and the sum of their weights (``cross_entropy`` is
     their ratio): sums that add up over the bands of a split image."""
     weight = None if weight is None else weight.to(logits.dtype)
-    losses = F.cross_entropy(
-        logits, target, weight, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
-    )
+    losses = PixelCrossEntropy.apply(logits, target, weight, ignore_index, label_smoothing)
     keep = target != ignore_index
     if ohem_thresh is not None and keep.any():
         with torch.no_grad():
@@ -71,6 +71,52 @@ def cross_entropy_sums(
             keep &= prob <= torch.clamp(kth, min=ohem_thresh)
     pixel_weight = keep.float() if weight is None else weight[target.masked_fill(~keep, 0)] * keep
     return (losses * keep).sum(), pixel_weight.sum()
+
+
+class PixelCrossEntropy(torch.autograd.Function):
+    """``F.cross_entropy(logits, target, weight, ignore_index=..., reduction="none", label_smoothing=ε)``:
+    per pixel −Σ_c w_c·q_c·log p_c with q = (1 − ε)·onehot(target) + ε/K, 0 at ignored pixels. Backward
+    holds one map of the logits' size where autograd's log-softmax and NLL hold three (the saved
+    log-probabilities, NLL's gradient and log-softmax's): ∂z_j = ∂loss·(p_j·Σ_c w_c·q_c − w_j·q_j), written
+    over the saved log-probabilities, so a second backward through it fails loudly rather than reading them.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, smoothing: float
+    ) -> Tensor:
+        log_probs = F.log_softmax(logits, dim=1)
+        losses = F.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction="none")
+        if smoothing:
+            spread = -(log_probs * per_class(weight, log_probs)).sum(dim=1) / logits.shape[1]
+            losses = (1 - smoothing) * losses + smoothing * spread.masked_fill(target == ignore_index, 0)
+        ctx.save_for_backward(log_probs, target, weight)
+        ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
+        return losses
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        log_probs, target, weight = ctx.saved_tensors
+        smoothing, classes = ctx.smoothing, log_probs.shape[1]
+        ignored = target == ctx.ignore_index
+        safe_target = target.masked_fill(ignored, 0).unsqueeze(1)  # any class: its gradient is 0 there
+        grad = grad.masked_fill(ignored, 0)
+        if weight is not None:
+            grad_target = grad * weight[safe_target.squeeze(1)]  # ∂loss·w_y
+            total = (1 - smoothing) * grad_target + smoothing * weight.mean() * grad  # ∂loss·Σ_c w_c·q_c
+        else:
+            grad_target, total = grad, grad
+        grad_logits = log_probs.exp_().mul_(total.unsqueeze(1))
+        grad_logits.scatter_add_(1, safe_target, grad_target.unsqueeze(1).mul(smoothing - 1))
+        if smoothing:
+            grad_logits.sub_(smoothing / classes * grad.unsqueeze(1) * per_class(weight, log_probs))
+        return grad_logits, None, None, None, None
+
+
+def per_class(weight: Tensor | None, like: Tensor) -> Tensor | float:
+    """The class weights shaped to broadcast over ``like``'s class dimension (1 without them)."""
+    return 1.0 if weight is None else weight.view(1, -1, *[1] * (like.ndim - 2))
 
 
 def dice_loss(

@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from segattn.training.losses import SegLoss, cross_entropy, dice_loss, lovasz_softmax
+from segattn.training.losses import PixelCrossEntropy, SegLoss, cross_entropy, dice_loss, lovasz_softmax
 
 IGN = 255
 
@@ -127,3 +128,41 @@ def test_segloss_rejects_bad_configuration():
         SegLoss(num_classes=3, class_weights=[1.0, 2.0])
     with pytest.raises(ValueError, match="not all 0"):
         SegLoss(num_classes=3, ce=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("ignore_index", [255, -100])
+def test_pixel_cross_entropy_equals_torchs_per_pixel_loss_and_gradient(
+    dtype: torch.dtype, weighted: bool, smoothing: float, ignore_index: int
+) -> None:
+    """Against F.cross_entropy(reduction="none"): losses and the logits' gradient for an arbitrary upstream
+    gradient, with class weights, label smoothing and ignored pixels."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 6, 7, generator=generator, dtype=dtype).requires_grad_()
+    target = torch.randint(0, 5, (2, 6, 7), generator=generator)
+    target[0, :2] = ignore_index
+    weight = torch.rand(5, generator=generator, dtype=dtype) + 0.5 if weighted else None
+    upstream = torch.randn(2, 6, 7, generator=generator, dtype=dtype)
+    expected = F.cross_entropy(
+        logits, target, weight, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing
+    )
+    losses = PixelCrossEntropy.apply(logits, target, weight, ignore_index, smoothing)
+    tolerance = {"rtol": 0, "atol": 1e-12 if dtype == torch.float64 else 1e-6}
+    torch.testing.assert_close(losses, expected, **tolerance)
+    (want,) = torch.autograd.grad(expected, logits, upstream)
+    (got,) = torch.autograd.grad(losses, logits, upstream)
+    torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_pixel_cross_entropy_writes_its_gradient_over_the_saved_log_probabilities() -> None:
+    """Backward holds one map of the logits' size: the gradient is the saved log-probabilities' memory, and
+    a second backward through it refuses to read them."""
+    logits = torch.randn(2, 5, 6, 7, requires_grad=True)
+    losses = PixelCrossEntropy.apply(logits, torch.randint(0, 5, (2, 6, 7)), None, 255, 0.0)
+    saved = losses.grad_fn.saved_tensors[0].data_ptr()
+    (grad,) = torch.autograd.grad(losses.sum(), logits, retain_graph=True)
+    assert grad.data_ptr() == saved
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(losses.sum(), logits)
