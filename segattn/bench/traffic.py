@@ -261,7 +261,6 @@ class CountBytes(TorchDispatchMode):
         output = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(output):
             if isinstance(tensor, torch.Tensor) and self.held.hold(tensor):
-                self.traffic.peak_held = self.held.peak
                 self.traffic.peak_phase = "backward" if self.in_backward else "forward"
         if func.namespace not in ("aten", "segattn") or func.is_view or func.overloadpacket in MOVES_NOTHING:
             return output  # metadata queries, views and allocations move no bytes
@@ -348,7 +347,7 @@ def step_traffic(
         run_backward(
             (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True
         )
-    counter.traffic.peak_held = max(counter.traffic.peak_held, held.peak)
+    counter.traffic.peak_held = held.peak
     return counter.traffic
 
 
